@@ -1,0 +1,145 @@
+"""YAML reading with the line of every key, using OmegaConf's own YAML loader (so types match Hydra's)."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from verl_safe_launch.errors import InputError
+
+
+@dataclass(frozen=True)
+class YamlLeaf:
+    """One leaf of a YAML document: its dotted key path, value and 1-based line."""
+
+    key: str
+    value: Any
+    line: int
+
+
+@dataclass(frozen=True)
+class YamlDoc:
+    """A parsed YAML mapping with its leaves in document order."""
+
+    data: dict[str, Any]
+    leaves: tuple[YamlLeaf, ...]
+    header: str
+
+
+@functools.cache
+def _loader_class() -> Any:
+    """OmegaConf's loader rules (float resolver, no timestamps) on libyaml's parser when available."""
+    from omegaconf._utils import get_yaml_loader
+
+    rules = get_yaml_loader()
+    base = getattr(yaml, "CSafeLoader", None)
+    if base is None:
+        return rules
+
+    class Loader(base):  # type: ignore[misc,valid-type]
+        yaml_implicit_resolvers = rules.yaml_implicit_resolvers
+
+    return Loader
+
+
+def read_yaml(path: Path, *, expand_dots: bool) -> YamlDoc:
+    """Read a YAML file whose top level must be a mapping; raise InputError on any problem."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError(f"file not found: {path}", fix="check the path passed to -c/--config") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read {path}: {exc}") from None
+    return parse_yaml(text, str(path), expand_dots=expand_dots)
+
+
+def parse_yaml(text: str, name: str, *, expand_dots: bool) -> YamlDoc:
+    """Parse YAML text; keys containing dots become nested when ``expand_dots`` is true."""
+    loader = _loader_class()(text)
+    try:
+        node = loader.get_single_node()
+        walker = _Walker(loader, name, expand_dots)
+        if node is None:
+            return YamlDoc({}, (), _header(text))
+        if not isinstance(node, yaml.MappingNode):
+            line = node.start_mark.line + 1
+            raise InputError(
+                f"{name} must contain a mapping of keys to values, not a {_kind(node)}",
+                where=f"{name}:{line}",
+                fix="write one 'key: value' per line, e.g. 'data.train_batch_size: 64'",
+            )
+        data = walker.mapping(node, "")
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"{name}:{mark.line + 1}:{mark.column + 1}" if mark else name
+        raise InputError(f"malformed YAML in {name}: {exc.problem or exc}", where=where) from None
+    except yaml.YAMLError as exc:
+        raise InputError(f"malformed YAML in {name}: {exc}", where=name) from None
+    finally:
+        loader.dispose()
+    return YamlDoc(data, tuple(walker.leaves), _header(text))
+
+
+def _header(text: str) -> str:
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("# @package"):
+            return stripped[len("# @package") :].strip()
+        if stripped and not stripped.startswith("#"):
+            break
+    return ""
+
+
+def _kind(node: yaml.Node) -> str:
+    return "list" if isinstance(node, yaml.SequenceNode) else "single value"
+
+
+def nest(leaves: tuple[YamlLeaf, ...] | list[YamlLeaf]) -> dict[str, Any]:
+    """Build a nested mapping from dotted leaves; a later leaf wins over an earlier one."""
+    out: dict[str, Any] = {}
+    for leaf in leaves:
+        parts = leaf.key.split(".")
+        target = out
+        for part in parts[:-1]:
+            child = target.get(part)
+            if not isinstance(child, dict):
+                child = target[part] = {}
+            target = child
+        target[parts[-1]] = leaf.value
+    return out
+
+
+class _Walker:
+    def __init__(self, loader: Any, name: str, expand_dots: bool) -> None:
+        self.loader = loader
+        self.name = name
+        self.expand_dots = expand_dots
+        self.leaves: list[YamlLeaf] = []
+
+    def mapping(self, node: yaml.MappingNode, prefix: str) -> dict[str, Any]:
+        self._walk(node, prefix)
+        if self.expand_dots:
+            return nest(self.leaves)
+        return dict(self.loader.construct_object(node, deep=True))
+
+    def _walk(self, node: yaml.MappingNode, prefix: str) -> None:
+        seen: dict[str, int] = {}
+        for key_node, value_node in node.value:
+            key = str(self.loader.construct_object(key_node, deep=True))
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise InputError(
+                    f"duplicate key '{prefix}{key}' in {self.name} (lines {seen[key]} and {line})",
+                    where=f"{self.name}:{line}",
+                    fix=f"keep one of the two lines for '{prefix}{key}'",
+                )
+            seen[key] = line
+            if isinstance(value_node, yaml.MappingNode) and value_node.value:
+                self._walk(value_node, f"{prefix}{key}.")
+            else:
+                value = self.loader.construct_object(value_node, deep=True)
+                self.leaves.append(YamlLeaf(f"{prefix}{key}", value, line))

@@ -1,0 +1,82 @@
+"""``show``: the resolved config as YAML; ``--origin`` shows where every value came from."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from verl_safe_launch.cli._common import (
+    add_compose_args,
+    compose_from_args,
+    format_value,
+    make_parser,
+    parse,
+    print_json,
+)
+from verl_safe_launch.config_view import ConfigView
+from verl_safe_launch.errors import UsageError
+from verl_safe_launch.provenance import Provenance
+
+EXAMPLES = """\
+  verl-safe-launch show data.train_batch_size=60
+  verl-safe-launch show --origin -c launch_examples/grpo_6gpu.yaml
+  verl-safe-launch show data.train_batch_size=60 --key data.train_batch_size --origin
+  verl-safe-launch show --key actor_rollout_ref.rollout --format json
+"""
+
+
+def main(args: Sequence[str], offset: int) -> int:
+    """Run ``show``."""
+    parser = make_parser("show", "Print the composed config (resolved), optionally with each value's origin.", EXAMPLES)
+    parser.add_argument("--origin", action="store_true", help="show where each value came from")
+    parser.add_argument("--key", help="one key or subtree (dotted), with its full chain of values")
+    add_compose_args(parser)
+    ns = parse(parser, args)
+    view = compose_from_args(ns, args, offset).view
+    keys = _selected(view, ns.key)
+    if ns.format == "json":
+        print_json(_json(view, keys, ns.key, ns.origin))
+    elif ns.origin or (ns.key and len(keys) == 1):
+        print("\n".join(render_origin(view.provenance[k], chain=bool(ns.key)) for k in keys))
+    else:
+        print(_yaml(view, ns.key), end="")
+    return 0
+
+
+def _selected(view: ConfigView, key: str | None) -> list[str]:
+    if not key:
+        return list(view.keys())
+    keys = list(view.subtree(key))
+    if not keys:
+        import difflib
+
+        close = difflib.get_close_matches(key, list(view.keys()), n=1)
+        fix = f"did you mean '{close[0]}'?" if close else "run 'verl-safe-launch show' to list the keys"
+        raise UsageError(f"no key '{key}' in the composed config", where="--key", fix=fix)
+    return keys
+
+
+def render_origin(prov: Provenance, *, chain: bool) -> str:
+    """One leaf as ``key = value`` with its source; with ``chain`` also every value it replaced."""
+    line = f"{prov.key} = {format_value(prov.value)}"
+    lines = [line, f"    from {prov.source.describe()}"]
+    if prov.interpolation:
+        lines.append(f"    interpolates {prov.interpolation} (follows {prov.follows})")
+    if chain:
+        for write in reversed(prov.history):
+            lines.append(f"    replaced {format_value(write.value)} from {write.source.describe()}")
+    return "\n".join(lines)
+
+
+def _yaml(view: ConfigView, key: str | None) -> str:
+    import yaml
+
+    data = view.nested(key or "")
+    if key and not isinstance(data, dict):
+        data = {key: data}
+    return yaml.safe_dump(data, sort_keys=False, default_flow_style=False, allow_unicode=True)
+
+
+def _json(view: ConfigView, keys: list[str], key: str | None, origin: bool) -> object:
+    if origin:
+        return {"keys": [view.provenance[k].to_json() for k in keys]}
+    return {"key": key, "config": view.nested(key or "")}

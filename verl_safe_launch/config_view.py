@@ -1,0 +1,85 @@
+"""A read-only, flattened view of the composed config: dotted key → resolved value and provenance."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from verl_safe_launch.provenance import Layer, Provenance
+
+MISSING = "???"
+
+
+@dataclass(frozen=True)
+class ConfigView:
+    """Resolved leaf values with their provenance; the input of every stage after composition."""
+
+    values: Mapping[str, Any]
+    provenance: Mapping[str, Provenance]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """The resolved value of a leaf, or ``default`` when the key does not exist."""
+        return self.values.get(key, default)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.values
+
+    def keys(self) -> Iterator[str]:
+        """All leaf keys in config order."""
+        return iter(self.values)
+
+    def prov(self, key: str) -> Provenance | None:
+        """The provenance of a leaf, if it exists."""
+        return self.provenance.get(key)
+
+    def explicit(self, key: str) -> bool:
+        """True when anything other than verl's defaults set this leaf."""
+        prov = self.provenance.get(key)
+        return prov is not None and prov.explicit
+
+    def subtree(self, prefix: str) -> dict[str, Any]:
+        """Leaves at or below ``prefix`` (a dotted key), in config order."""
+        dotted = prefix + "."
+        return {k: v for k, v in self.values.items() if k == prefix or k.startswith(dotted)}
+
+    def nested(self, prefix: str = "") -> Any:
+        """The subtree below ``prefix`` as nested plain dicts (the whole config for an empty prefix)."""
+        out: dict[str, Any] = {}
+        items = self.subtree(prefix) if prefix else dict(self.values)
+        if prefix in items:
+            return items[prefix]
+        cut = len(prefix) + 1 if prefix else 0
+        for key, value in items.items():
+            _set_path(out, key[cut:].split("."), value)
+        return out
+
+
+def _set_path(out: dict[str, Any], parts: list[str], value: Any) -> None:
+    target = out
+    for part in parts[:-1]:
+        target = target.setdefault(part, {})
+    target[parts[-1]] = value
+
+
+def is_missing(value: Any) -> bool:
+    """True for Hydra's mandatory-missing marker ``???``."""
+    return isinstance(value, str) and value == MISSING
+
+
+def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Flatten nested mappings into dotted leaves; lists and empty mappings are leaves."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        full = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            out.update(flatten(value, full + "."))
+        else:
+            out[full] = value
+    return out
+
+
+def layer_of(view: ConfigView, key: str) -> Layer | None:
+    """The layer that set the final value of ``key``."""
+    prov = view.provenance.get(key)
+    return prov.source.layer if prov else None

@@ -1,0 +1,54 @@
+"""The one shape shared by audit, rule and memory findings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from verl_safe_launch.provenance import Source
+
+
+class Severity(StrEnum):
+    """How much a finding matters: errors block the launch."""
+
+    ERROR = "error"
+    WARNING = "warning"
+    INFO = "info"
+
+
+SEVERITY_ORDER = {Severity.ERROR: 0, Severity.WARNING: 1, Severity.INFO: 2}
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One problem or observation: rule id, severity, keys, message, a pasteable fix, and value sources."""
+
+    rule_id: str
+    severity: Severity
+    keys: tuple[str, ...]
+    message: str
+    fix: str | None = None
+    sources: tuple[tuple[str, object, Source], ...] = field(default=())
+
+    def to_json(self) -> dict[str, object]:
+        """Stable JSON form (see README, 'JSON schema')."""
+        return {
+            "rule_id": self.rule_id,
+            "severity": self.severity.value,
+            "keys": list(self.keys),
+            "message": self.message,
+            "fix": self.fix,
+            "sources": [
+                {"key": key, "value": value, "source": src.to_json()} for key, value, src in self.sources
+            ],
+        }
+
+
+def sort_findings(findings: list[Finding]) -> list[Finding]:
+    """Errors first, then warnings, then info; stable within a severity."""
+    return sorted(findings, key=lambda f: SEVERITY_ORDER[f.severity])
+
+
+def has_errors(findings: list[Finding] | tuple[Finding, ...]) -> bool:
+    """True when any finding blocks the launch."""
+    return any(f.severity is Severity.ERROR for f in findings)
