@@ -59,7 +59,30 @@ def make_tiny_model(path: Path, **config: object) -> Path:
 
     path.mkdir(parents=True, exist_ok=True)
     vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3}
-    for word in "the a of to and in is it you that he was for on are with as I his they be at".split():
+    for word in [
+        "the",
+        "a",
+        "of",
+        "to",
+        "and",
+        "in",
+        "is",
+        "it",
+        "you",
+        "that",
+        "he",
+        "was",
+        "for",
+        "on",
+        "are",
+        "with",
+        "as",
+        "I",
+        "his",
+        "they",
+        "be",
+        "at",
+    ]:
         vocab.setdefault(word, len(vocab))
     tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()

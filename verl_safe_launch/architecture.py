@@ -1,4 +1,4 @@
-"""Model architecture numbers from config.json: a local directory, the local Hugging Face cache, or a bundled table."""
+"""Model architecture numbers from config.json: a local dir, the Hugging Face cache, or a bundled table."""
 
 from __future__ import annotations
 

@@ -35,7 +35,7 @@ def split_verb(argv: Sequence[str]) -> tuple[str, list[str], int]:
     """Return (verb, remaining args, argv offset of the first remaining arg)."""
     if argv and argv[0] in VERBS:
         return argv[0], list(argv[1:]), 1
-    if argv and not argv[0].startswith("-") and "=" not in argv[0] and not argv[0][:1] in "~+":
+    if argv and not argv[0].startswith("-") and "=" not in argv[0] and argv[0][:1] not in "~+":
         raise UsageError(
             f"unknown verb '{argv[0]}'",
             where="command line, argument 1",

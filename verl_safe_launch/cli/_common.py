@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from verl_safe_launch.compose import ComposeRequest, Composed, compose
+from verl_safe_launch.compose import Composed, ComposeRequest, compose
 from verl_safe_launch.errors import UsageError
 from verl_safe_launch.overrides import cli_tokens
 

@@ -26,7 +26,9 @@ EXAMPLES = """\
 
 def main(args: Sequence[str], offset: int) -> int:
     """Run ``show``."""
-    parser = make_parser("show", "Print the composed config (resolved), optionally with each value's origin.", EXAMPLES)
+    parser = make_parser(
+        "show", "Print the composed config (resolved), optionally with each value's origin.", EXAMPLES
+    )
     parser.add_argument("--origin", action="store_true", help="show where each value came from")
     parser.add_argument("--key", help="one key or subtree (dotted), with its full chain of values")
     add_compose_args(parser)

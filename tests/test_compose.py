@@ -1,0 +1,187 @@
+"""Composition: equal to Hydra's own compose of verl's config, with provenance for every leaf."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from verl_safe_launch.compose import ComposeRequest, compose
+from verl_safe_launch.errors import ConfigError, InputError, UsageError
+from verl_safe_launch.overrides import cli_tokens
+from verl_safe_launch.provenance import Layer
+from verl_safe_launch.verl_paths import verl_config_dir
+
+
+def _compose(*overrides: str, files: tuple[Path, ...] = ()) -> object:
+    return compose(ComposeRequest(overrides=cli_tokens(list(overrides)), config_files=files))
+
+
+def _hydra_compose(overrides: list[str]) -> dict[str, object]:
+    """verl's config as Hydra's public compose API builds it (what verl's @hydra.main would see)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(verl_config_dir()), version_base=None):
+        cfg = hydra_compose("ppo_trainer", overrides=overrides)
+    return OmegaConf.to_container(cfg, resolve=False)  # type: ignore[return-value]
+
+
+def _verl_line(relative: str, key: str) -> int:
+    lines = (verl_config_dir() / relative).read_text().splitlines()
+    return next(i for i, line in enumerate(lines, 1) if line.startswith(f"{key}:"))
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        [],
+        ["data.train_batch_size=60", "actor_rollout_ref.rollout.n=12"],
+        ["model_engine=megatron", "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2"],
+        ["+actor_rollout_ref.rollout.enable_sleep_mode=false", "++trainer.project_name=x", "++new_top=1"],
+        [
+            "~trainer.logger",
+            "trainer.n_gpus_per_node=4",
+            "data.train_batch_size=64",
+            "data.train_batch_size=128",
+        ],
+        ["trainer.logger=[console,wandb]", "actor_rollout_ref.actor.optim={lr:2e-6}"],
+    ],
+)
+def test_composed_config_equals_hydra_compose(overrides: list[str]) -> None:
+    ours = _compose(*overrides)
+    assert OmegaConf.to_container(ours.cfg, resolve=False) == _hydra_compose(overrides)  # type: ignore[attr-defined]
+
+
+def test_cli_value_records_position_and_replaced_verl_default() -> None:
+    view = _compose("data.train_batch_size=60", "actor_rollout_ref.rollout.n=12").view  # type: ignore[attr-defined]
+    prov = view.prov("data.train_batch_size")
+    assert prov.value == 60
+    assert (prov.source.layer, prov.source.arg_index, prov.source.raw) == (
+        Layer.CLI,
+        1,
+        "data.train_batch_size=60",
+    )
+    (old,) = prov.history
+    assert old.value == 1024
+    assert old.source.file == "verl/trainer/config/data/legacy_data.yaml"
+    assert old.source.line == _verl_line("data/legacy_data.yaml", "train_batch_size")
+
+
+def test_file_then_cli_keeps_both_in_order(tmp_path: Path) -> None:
+    user = tmp_path / "run.yaml"
+    user.write_text("data:\n  max_prompt_length: 256\n  train_batch_size: 32\n")
+    view = _compose("data.train_batch_size=48", files=(user,)).view  # type: ignore[attr-defined]
+    prov = view.prov("data.train_batch_size")
+    assert [w.value for w in prov.history] == [1024, 32]
+    assert (prov.history[1].source.file, prov.history[1].source.line) == (str(user), 3)
+    assert prov.source.arg_index == 1 and prov.value == 48
+
+
+def test_dotted_and_nested_yaml_keys(tmp_path: Path) -> None:
+    user = tmp_path / "run.yaml"
+    user.write_text(
+        "actor_rollout_ref.rollout.n: 8\nactor_rollout_ref:\n  actor:\n    ppo_mini_batch_size: 16\n"
+    )
+    view = _compose(files=(user,)).view  # type: ignore[attr-defined]
+    assert view.get("actor_rollout_ref.rollout.n") == 8
+    assert view.prov("actor_rollout_ref.rollout.n").source.line == 1
+    assert view.get("actor_rollout_ref.actor.ppo_mini_batch_size") == 16
+    assert view.prov("actor_rollout_ref.actor.ppo_mini_batch_size").source.line == 4
+
+
+def test_interpolation_records_what_it_follows() -> None:
+    view = _compose("actor_rollout_ref.actor.use_dynamic_bsz=true").view  # type: ignore[attr-defined]
+    prov = view.prov("actor_rollout_ref.rollout.log_prob_use_dynamic_bsz")
+    assert prov.value is True
+    assert prov.follows == "actor_rollout_ref.actor.use_dynamic_bsz"
+    assert prov.interpolation is not None and "use_dynamic_bsz" in prov.interpolation
+    relative = view.prov("critic.ppo_micro_batch_size_per_gpu")
+    assert relative.follows == "critic.ppo_micro_batch_size"
+
+
+def test_lists_are_leaves_and_deletion_is_recorded() -> None:
+    view = _compose("trainer.logger=[console,wandb]").view  # type: ignore[attr-defined]
+    assert view.get("trainer.logger") == ["console", "wandb"]
+    deleted = _compose("~trainer.logger").view  # type: ignore[attr-defined]
+    assert "trainer.logger" not in deleted
+
+
+def test_group_override_switches_engine_and_records_megatron_file() -> None:
+    view = _compose("model_engine=megatron").view  # type: ignore[attr-defined]
+    prov = view.prov("actor_rollout_ref.actor.strategy")
+    assert prov.value == "megatron"
+    assert prov.source.file == "verl/trainer/config/actor/megatron_actor.yaml"
+
+
+def test_every_leaf_has_provenance() -> None:
+    view = _compose().view  # type: ignore[attr-defined]
+    assert len(view.values) > 500
+    assert set(view.values) == set(view.provenance)
+    unattributed = [k for k, p in view.provenance.items() if p.source.file is None]
+    assert unattributed == []
+
+
+@pytest.mark.parametrize(
+    ("overrides", "error", "message"),
+    [
+        (
+            ["data.train_bach_size=60"],
+            UsageError,
+            "unknown key 'data.train_bach_size': verl's config has no such key",
+        ),
+        (
+            ["+data.train_batch_size=60"],
+            UsageError,
+            "'data.train_batch_size' already exists, so '+' cannot add it",
+        ),
+        (["data.train_batch_size=[1,"], UsageError, "invalid override 'data.train_batch_size=[1,': "),
+        (["preset=nope"], ConfigError, "unknown preset 'nope'"),
+        (["model_engine=nope"], ConfigError, "cannot compose verl's config: "),
+        (["hardware.gpus=8"], UsageError, "unknown hardware token 'hardware.gpus'"),
+    ],
+)
+def test_override_errors(overrides: list[str], error: type[Exception], message: str) -> None:
+    with pytest.raises(error) as info:
+        _compose(*overrides)
+    assert str(info.value).startswith(message)
+
+
+def test_unknown_key_error_names_position_and_suggestion() -> None:
+    with pytest.raises(UsageError) as info:
+        _compose("data.max_prompt_length=10", "data.train_bach_size=60")
+    assert info.value.where == "command line, argument 2 (data.train_bach_size=60)"
+    assert info.value.fix == "did you mean 'data.train_batch_size'?"
+
+
+@pytest.mark.parametrize(
+    ("text", "message", "where"),
+    [
+        ("data: [1, 2\n", "malformed YAML in {path}: ", "{path}:2:1"),
+        ("data:\n  n: 1\n  n: 2\n", "duplicate key 'data.n' in {path} (lines 2 and 3)", "{path}:3"),
+        ("- 1\n- 2\n", "{path} must contain a mapping of keys to values, not a list", "{path}:1"),
+        ("just text\n", "{path} must contain a mapping of keys to values, not a single value", "{path}:1"),
+    ],
+)
+def test_user_file_errors(tmp_path: Path, text: str, message: str, where: str) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(InputError) as info:
+        _compose(files=(path,))
+    assert str(info.value).startswith(message.format(path=path))
+    assert info.value.where == where.format(path=path)
+
+
+def test_missing_and_unreadable_files(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match=r"^file not found: .*nope\.yaml$"):
+        _compose(files=(tmp_path / "nope.yaml",))
+    with pytest.raises(InputError, match=r"^cannot read .*: \[Errno 21\] Is a directory"):
+        _compose(files=(tmp_path,))
+
+
+def test_yaml_types_match_omegaconf() -> None:
+    from verl_safe_launch._yaml import parse_yaml
+
+    doc = parse_yaml("lr: 1e-6\nwhen: 2024-01-01\nflag: true\nnone: null\n", "x.yaml", expand_dots=True)
+    assert doc.data == {"lr": 1e-6, "when": "2024-01-01", "flag": True, "none": None}
