@@ -1,0 +1,1 @@
+"""Hydra plugins of verl-safe-launch: the preset search path and the pre-flight callback."""
