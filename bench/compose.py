@@ -45,7 +45,9 @@ def wall(argv: list[str], repeats: int = 3) -> float:
 def main() -> None:
     """Print the figures."""
     times = in_process()
-    print(f"in-process compose+provenance: median {statistics.median(times) * 1000:.0f} ms over {len(times)} runs")
+    print(
+        f"in-process compose+provenance: median {statistics.median(times) * 1000:.0f} ms over {len(times)} runs"
+    )
     ours = wall([str(BIN / "verl-safe-launch"), "show", *OVERRIDES])
     verl = wall([sys.executable, "-m", "verl.trainer.main_ppo", "--cfg", "job", *OVERRIDES])
     print(f"verl-safe-launch show:                 {ours:.2f} s")
