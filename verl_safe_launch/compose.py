@@ -35,6 +35,18 @@ class ComposeRequest:
     adapted: tuple[Write, ...] = ()
     fills: tuple[Write, ...] = ()
     preset: str | None = None
+    lenient: bool = False
+    """Record overrides Hydra refuses (unknown key, '+' on an existing key) on ``Composed.rejected``
+    instead of raising, so that a pre-flight can report every problem at once."""
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """An override Hydra refused, recorded instead of raised when composing leniently."""
+
+    token: OverrideToken
+    key: str
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -46,6 +58,7 @@ class Composed:
     writes: tuple[Write, ...]
     tool: ToolSettings
     verl_overrides: tuple[OverrideToken, ...] = field(default=())
+    rejected: tuple[Rejected, ...] = field(default=())
 
 
 def preset_dir() -> Path:
@@ -76,13 +89,17 @@ def compose(request: ComposeRequest) -> Composed:
         writes.extend(layer_writes)
     OmegaConf.set_struct(cfg, True)
     sources = {id(p): t for p, t in parsed}
+    rejected: list[Rejected] = []
     for override in defaults.config_overrides:
         token = sources[id(override)]
-        _apply_override(ConfigLoaderImpl, cfg, override, token)
+        reason = _try_apply(ConfigLoaderImpl, cfg, override, token, lenient=request.lenient)
+        if reason is not None:
+            rejected.append(Rejected(token, override.key_or_group, reason))
+            continue
         writes.extend(_override_writes(override, token))
     _apply_fills(cfg, request.fills, writes)
     view = build_view(cfg, writes)
-    return Composed(cfg, view, tuple(writes), tool, verl_tokens)
+    return Composed(cfg, view, tuple(writes), tool, verl_tokens, tuple(rejected))
 
 
 def _hydra_loader() -> tuple[Any, Any]:
@@ -188,6 +205,25 @@ def _apply_override(loader_cls: Any, cfg: Any, override: Any, token: OverrideTok
         loader_cls._apply_overrides_to_config([override], cfg)
     except HydraException as exc:
         raise _override_error(exc, override, token, cfg) from None
+
+
+def _try_apply(
+    loader_cls: Any, cfg: Any, override: Any, token: OverrideToken, *, lenient: bool
+) -> str | None:
+    """Apply one override; when lenient, return Hydra's reason for a refused key instead of raising."""
+    from hydra.errors import HydraException
+
+    if not lenient:
+        _apply_override(loader_cls, cfg, override, token)
+        return None
+    try:
+        loader_cls._apply_overrides_to_config([override], cfg)
+    except HydraException as exc:
+        first = str(exc).splitlines()[0]
+        if first.startswith(("Could not override", "Could not append")):
+            return first
+        raise _override_error(exc, override, token, cfg) from None
+    return None
 
 
 def _override_error(exc: Exception, override: Any, token: OverrideToken, cfg: Any) -> UsageError:

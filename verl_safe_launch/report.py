@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from verl_safe_launch.findings import Finding, Severity, sort_findings
+
+if TYPE_CHECKING:
+    from rich.text import Text
 
 JSON_SCHEMA_VERSION = 1
 
@@ -50,3 +55,84 @@ def render_findings_text(findings: Sequence[Finding]) -> str:
 def findings_json(findings: Sequence[Finding]) -> list[dict[str, object]]:
     """Findings in their stable JSON form, errors first."""
     return [f.to_json() for f in sort_findings(list(findings))]
+
+
+def counts(findings: Sequence[Finding]) -> dict[str, int]:
+    """Findings per severity: ``{"errors": 1, "warnings": 0, "info": 2}``."""
+    by = {sev: sum(1 for f in findings if f.severity is sev) for sev in Severity}
+    return {"errors": by[Severity.ERROR], "warnings": by[Severity.WARNING], "info": by[Severity.INFO]}
+
+
+def verdict(findings: Sequence[Finding]) -> str:
+    """``go`` when nothing blocks the launch, else ``no-go``."""
+    return "no-go" if any(f.severity is Severity.ERROR for f in findings) else "go"
+
+
+def report_json(findings: Sequence[Finding], **extra: object) -> dict[str, object]:
+    """The stable JSON report: schema version, verdict, counts, findings (errors first), then ``extra``."""
+    return {
+        "schema": JSON_SCHEMA_VERSION,
+        "verdict": verdict(findings),
+        "summary": counts(findings),
+        "findings": findings_json(findings),
+        **extra,
+    }
+
+
+_GROUP_TITLES = {Severity.ERROR: "errors", Severity.WARNING: "warnings", Severity.INFO: "info"}
+_GROUP_STYLES = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
+
+
+def render_findings_table(findings: Sequence[Finding], *, width: int = 110, color: bool = False) -> str:
+    """Findings as rich tables, one per severity (errors first), then the summary line.
+
+    Deterministic for a given width when ``color`` is false (no ANSI codes), so it can be compared in tests.
+    """
+    import io
+
+    from rich.console import Console
+    from rich.table import Table
+
+    out = io.StringIO()
+    console = Console(file=out, width=width, no_color=not color, force_terminal=color, highlight=False)
+    for severity in Severity:
+        group = [f for f in sort_findings(list(findings)) if f.severity is severity]
+        if not group:
+            continue
+        title = f"{_GROUP_TITLES[severity]} ({len(group)})"
+        table = Table(
+            title=title,
+            title_justify="left",
+            title_style=_GROUP_STYLES[severity],
+            show_lines=True,
+            expand=True,
+        )
+        table.add_column("rule", style=_GROUP_STYLES[severity], no_wrap=True)
+        table.add_column("finding", overflow="fold")
+        for finding in group:
+            table.add_row(finding.rule_id, _cell(finding))
+        console.print(table)
+    console.print(summary_line(findings), markup=False)
+    return out.getvalue()
+
+
+def _cell(finding: Finding) -> Text:
+    from rich.text import Text
+
+    text = Text(finding.message)
+    for key, value, source in finding.sources:
+        text.append(f"\n  {key} = {_format(value)}  from {source.describe()}", style="dim")
+    if finding.fix:
+        text.append("\n  fix: ", style="bold")
+        text.append(finding.fix)
+    return text
+
+
+def render_report(findings: Sequence[Finding]) -> str:
+    """The text report: rich tables grouped by severity on a terminal, plain deterministic text otherwise."""
+    import shutil
+    import sys
+
+    if sys.stdout.isatty() and not os.environ.get("NO_COLOR"):
+        return render_findings_table(findings, width=shutil.get_terminal_size().columns, color=True)
+    return render_findings_text(findings)

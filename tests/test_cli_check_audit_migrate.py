@@ -1,0 +1,226 @@
+"""The ``check``, ``audit`` and ``migrate`` verbs: exit codes, JSON schema, script lines, the migrate round trip."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from conftest import DATA, EXAMPLES, CliResult
+
+from verl_safe_launch.compose import ComposeRequest, compose
+from verl_safe_launch.findings import Finding, Severity
+from verl_safe_launch.launch_script import ScriptLaunch, read_script
+from verl_safe_launch.overrides import cli_tokens
+from verl_safe_launch.report import render_findings_table
+
+Cli = Callable[..., CliResult]
+SCRIPTS = DATA / "scripts"
+ARR = "actor_rollout_ref"
+FLIP = SCRIPTS / "grpo_kl_flip.sh"
+
+
+@pytest.fixture(autouse=True)
+def no_hardware_probe(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The machine's GPUs (nvidia-smi, Slurm) must not change what these verbs report."""
+    monkeypatch.setenv("VSL_HARDWARE_DETECT", "0")
+    for name in ("SLURM_JOB_ID", "SLURM_NNODES", "SLURM_GPUS_ON_NODE", "SLURM_JOB_GPUS"):
+        monkeypatch.delenv(name, raising=False)
+
+
+# --- check ------------------------------------------------------------------------------------------------
+
+
+def test_check_bundled_example_is_go(cli: Cli) -> None:
+    result = cli("check", "-c", str(EXAMPLES / "grpo_6gpu.yaml"))
+    assert result.code == 0, result.out
+    assert result.out.rstrip().splitlines()[-1].startswith("GO: 0 errors")
+
+
+def test_check_errors_exit_1_and_name_the_argument(cli: Cli) -> None:
+    result = cli("check", "data.train_bach_size=3", f"{ARR}.rollout.name=vllm")
+    assert result.code == 1
+    assert (
+        "error [unknown-key] unknown key data.train_bach_size: verl 0.9.1's config has no such key, so Hydra "
+        "refuses 'data.train_bach_size=3'\n"
+        "  data.train_bach_size = 3      from command line, argument 2 (data.train_bach_size=3)\n"
+        "  fix: did you mean data.train_batch_size? data.train_batch_size=3\n"
+    ) in result.out
+
+
+def test_check_json_schema(cli: Cli) -> None:
+    result = cli("check", "--format", "json", "trainer.nnodes=1", "trainer.nnodes=2")
+    data = json.loads(result.out)
+    assert result.code == 1
+    assert list(data)[:4] == ["schema", "verdict", "summary", "findings"]
+    assert (data["schema"], data["verdict"]) == (1, "no-go")
+    assert set(data["summary"]) == {"errors", "warnings", "info"}
+    duplicate = next(f for f in data["findings"] if f["rule_id"] == "duplicate-key")
+    assert set(duplicate) == {"rule_id", "severity", "keys", "message", "fix", "sources"}
+    assert [s["source"]["arg_index"] for s in duplicate["sources"]] == [4, 5]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (("check", "-c", "/nonexistent/run.yaml"), "error: file not found: /nonexistent/run.yaml"),
+        (("check", "data.train_batch_size=[1"), "error: invalid override 'data.train_batch_size=[1'"),
+        (("check", "model_engine=nope"), "error: cannot compose verl's config"),
+    ],
+)
+def test_check_bad_input_exits_2(cli: Cli, argv: tuple[str, ...], message: str) -> None:
+    result = cli(*argv)
+    assert result.code == 2
+    assert result.err.startswith(message)
+
+
+# --- audit ------------------------------------------------------------------------------------------------
+
+
+def test_audit_false_then_true_exits_1_and_names_both_lines(cli: Cli) -> None:
+    result = cli("audit", str(FLIP))
+    assert result.code == 1
+    assert (
+        f"error [duplicate-key] {ARR}.actor.use_kl_loss is set 2 times in script {FLIP}: false (line 14), "
+        f"then true (line 24); Hydra silently keeps the last, true\n"
+        f"  {ARR}.actor.use_kl_loss = false  from script, {FLIP}:14 ({ARR}.actor.use_kl_loss=False)\n"
+        f"  {ARR}.actor.use_kl_loss = true   from script, {FLIP}:24 ({ARR}.actor.use_kl_loss=True)\n"
+    ) in result.out
+    assert (
+        f"warning [duplicate-key] trainer.n_gpus_per_node is set 2 times in script {FLIP}, each time"
+        in result.out
+    )
+
+
+def test_audit_passthrough_is_no_false_error(cli: Cli) -> None:
+    script = SCRIPTS / "grpo_gsm8k.sh"
+    result = cli("audit", str(script), "--", "trainer.nnodes=2", f"{ARR}.rollout.n=8")
+    assert result.code == 0, result.out
+    assert "error [" not in result.out
+    assert (
+        f"info [script-passthrough] trainer.nnodes=2 passed to the script (argument 4) replaces the script's 1 "
+        f'({script}:45), as "$@" intends'
+    ) in result.out
+
+
+def test_audit_several_scripts_and_launches_json(cli: Cli) -> None:
+    result = cli(
+        "audit", "--format", "json", str(SCRIPTS / "two_launches.sh"), str(SCRIPTS / "megatron_strategy.sh")
+    )
+    data = json.loads(result.out)
+    assert result.code == 1
+    assert (data["schema"], data["verdict"]) == (1, "no-go")
+    two, strategy = data["scripts"]
+    assert [launch["line"] for launch in two["launches"]] == [7, 15]
+    assert [launch["verdict"] for launch in two["launches"]] == ["go", "go"]
+    assert two["launches"][1]["overrides"][3] == {"text": "data.train_batch_size=256", "line": 16}
+    rules = [f["rule_id"] for f in strategy["launches"][0]["findings"] if f["severity"] == "error"]
+    assert "engine-mismatch" in rules
+
+
+def test_audit_unreadable_script_exits_2_and_audits_the_rest(cli: Cli, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.sh"
+    bad.write_text("python3 -m verl.trainer.main_ppo a='x\n")
+    result = cli("audit", str(bad), str(SCRIPTS / "megatron_config_name.sh"))
+    assert result.code == 2
+    assert f"== {bad}\nerror: cannot read {bad}: unterminated single quote\n  where: {bad}:1" in result.out
+    assert "selects verl's deprecated ppo_megatron_trainer config" in result.out
+
+
+def test_audit_without_scripts_is_usage_error(cli: Cli) -> None:
+    result = cli("audit")
+    assert result.code == 2
+    assert result.err.startswith("error: the following arguments are required: SCRIPT")
+
+
+# --- migrate ----------------------------------------------------------------------------------------------
+
+LAUNCHES = [launch for path in sorted(SCRIPTS.glob("*.sh")) for launch in read_script(path)]
+
+
+@pytest.mark.parametrize("launch", LAUNCHES, ids=[f"{Path(x.path).name}:{x.line}" for x in LAUNCHES])
+def test_migrate_round_trip(cli: Cli, tmp_path: Path, launch: ScriptLaunch) -> None:
+    out = tmp_path / "run.yaml"
+    result = cli("migrate", launch.path, "--launch", str(launch.index), "-o", str(out))
+    assert result.code == 0, result.err
+    command = result.out.strip().split()
+    assert command[:1] == ["verl-safe-launch"]
+    files = [Path(command[i + 1]) for i, word in enumerate(command) if word == "-c"]
+    rest = [w.strip("'") for i, w in enumerate(command[1:], 1) if w != "-c" and command[i - 1] != "-c"]
+    migrated = compose(ComposeRequest(overrides=cli_tokens(rest), config_files=tuple(files)))
+    original = compose(launch.request())
+    assert dict(migrated.view.values) == dict(original.view.values)
+    text = out.read_text()
+    assert text.startswith(f"# verl config migrated from {launch.path} (the launch on line {launch.line}).")
+
+
+def test_migrate_comments_cite_lines_and_replaced_values(cli: Cli, tmp_path: Path) -> None:
+    out = tmp_path / "run.yaml"
+    assert cli("migrate", str(FLIP), "-o", str(out)).code == 0
+    text = out.read_text()
+    assert "    use_kl_loss: true  # grpo_kl_flip.sh:24 (replaces line 14: false)\n" in text
+    assert '    path: "Qwen/Qwen2.5-0.5B-Instruct"  # grpo_kl_flip.sh:13\n' in text
+
+
+def test_migrate_keeps_groups_on_the_command_line_and_lists_what_it_left_out(
+    cli: Cli, tmp_path: Path
+) -> None:
+    out = tmp_path / "m.yaml"
+    result = cli("migrate", str(SCRIPTS / "multiturn.sh"), "-o", str(out))
+    assert result.code == 0
+    assert result.out == f"verl-safe-launch -c {out}\n"
+    assert (
+        f"note: left out {ARR}.rollout.multi_turn.max_assistent_turns=5 (line 34): Could not override "
+        f"'{ARR}.rollout.multi_turn.max_assistent_turns'. Run 'verl-safe-launch audit {SCRIPTS / 'multiturn.sh'}'."
+    ) in result.err
+    assert "note: not migrated: data.train_files=$HOME/data/gsm8k/train.parquet (line 39)" in result.err
+    megatron = cli("migrate", str(SCRIPTS / "megatron_arrays.sh"), "-o", str(tmp_path / "meg.yaml"))
+    assert megatron.out == f"verl-safe-launch -c {tmp_path / 'meg.yaml'} model_engine=megatron\n"
+
+
+def test_migrate_refuses_to_overwrite_without_force(cli: Cli, tmp_path: Path) -> None:
+    out = tmp_path / "run.yaml"
+    out.write_text("mine: 1\n")
+    result = cli("migrate", str(FLIP), "-o", str(out))
+    assert (result.code, result.err) == (
+        2,
+        f"error: {out} already exists\n  where: -o/--output\n  fix: pass --force to overwrite it\n",
+    )
+    assert out.read_text() == "mine: 1\n"
+    assert cli("migrate", str(FLIP), "-o", str(out), "--force").code == 0
+    assert out.read_text().startswith("# verl config migrated")
+    assert [p.name for p in tmp_path.iterdir()] == ["run.yaml"]
+
+
+def test_migrate_needs_a_launch_number_for_several_launches(cli: Cli, tmp_path: Path) -> None:
+    result = cli("migrate", str(SCRIPTS / "two_launches.sh"), "-o", str(tmp_path / "x.yaml"))
+    assert result.code == 2
+    assert result.err == (
+        f"error: {SCRIPTS / 'two_launches.sh'} has 2 launches: 1 (line 7), 2 (line 15)\n"
+        "  fix: choose one with --launch N\n"
+    )
+    assert not (tmp_path / "x.yaml").exists()
+
+
+# --- rendering and the installed console script -----------------------------------------------------------
+
+
+def test_rich_table_groups_by_severity() -> None:
+    findings = [
+        Finding("rule-b", Severity.INFO, ("b",), "an observation", "nothing to do"),
+        Finding("rule-a", Severity.ERROR, ("a",), "a problem", "a=1"),
+    ]
+    text = render_findings_table(findings, width=60)
+    assert text.index("errors (1)") < text.index("rule-a") < text.index("info (1)") < text.index("rule-b")
+    assert "\x1b[" not in text
+    assert text.rstrip().endswith("NO-GO: 1 error, 0 warnings, 1 info")
+
+
+def test_console_script_end_to_end() -> None:
+    exe = Path(sys.executable).parent / "verl-safe-launch"
+    done = subprocess.run([str(exe), "audit", str(FLIP)], capture_output=True, text=True, check=False)
+    assert done.returncode == 1
+    assert "line 14" in done.stdout and "line 24" in done.stdout

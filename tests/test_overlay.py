@@ -1,0 +1,107 @@
+"""The fast overlay equals a full composition: values, order, provenance, writes and rejected overrides."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import DATA
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from verl_safe_launch.compose import Composed, ComposeRequest, compose
+from verl_safe_launch.interpolation import Resolver
+from verl_safe_launch.launch_script import ScriptLaunch, read_script
+from verl_safe_launch.overlay import Overlay, _index, _parse_value, _parse_with_hydra
+from verl_safe_launch.overrides import cli_tokens
+
+OVERLAY = Overlay()
+ARR = "actor_rollout_ref"
+LAUNCHES = [launch for path in sorted((DATA / "scripts").glob("*.sh")) for launch in read_script(path)]
+
+
+def assert_same(full: Composed, fast: Composed) -> None:
+    assert list(fast.view.values.items()) == list(full.view.values.items())
+    assert dict(fast.view.provenance) == dict(full.view.provenance)
+    assert fast.writes == full.writes
+    assert fast.rejected == full.rejected
+    assert fast.verl_overrides == full.verl_overrides
+
+
+@pytest.mark.parametrize("launch", LAUNCHES, ids=[launch.label.rsplit("/", 1)[-1] for launch in LAUNCHES])
+def test_overlay_equals_compose_on_every_fixture(launch: ScriptLaunch) -> None:
+    before = OVERLAY.fast
+    assert_same(compose(launch.request()), OVERLAY.compose(launch.request()))
+    assert OVERLAY.fast == before + 1, "the fixtures use only what the fast path models"
+
+
+POOL = [
+    f"{ARR}.actor.use_dynamic_bsz=true",
+    f"{ARR}.actor.ppo_max_token_len_per_gpu=9000",
+    f"{ARR}.actor.ppo_mini_batch_size=32",
+    f"{ARR}.actor.ulysses_sequence_parallel_size=2",
+    "critic.ppo_micro_batch_size=8",
+    "critic.ppo_micro_batch_size_per_gpu=4",
+    "data.max_prompt_length=2048",
+    "data.train_batch_size=abc",
+    "trainer.project_name=p1",
+    "trainer.logger=[console]",
+    "data.train_bach_size=1",
+    "+data.train_batch_size=1",
+    "+trainer.new_flag=1",
+    "++trainer.other.flag=true",
+    f"+{ARR}.actor.megatron.seed=7",
+    f"++{ARR}.actor.ppo_infer_max_token_len_per_gpu=1234",
+    "model_engine=megatron",
+    f"{ARR}.actor.megatron.tensor_model_parallel_size=2",
+    f"{ARR}.rollout.gpu_memory_utilization=0.7",
+    "trainer.nnodes=2",
+    "trainer.nnodes=3",
+]
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.sampled_from(POOL), min_size=1, max_size=7))
+def test_overlay_equals_compose_on_random_override_lists(overrides: list[str]) -> None:
+    request = ComposeRequest(overrides=cli_tokens(overrides), lenient=True)
+    assert_same(compose(request), OVERLAY.compose(request))
+
+
+def test_strict_rejection_falls_back_to_the_exact_error() -> None:
+    from verl_safe_launch.errors import UsageError
+
+    request = ComposeRequest(overrides=cli_tokens(["data.train_bach_size=1"]))
+    with pytest.raises(UsageError) as caught:
+        OVERLAY.compose(request)
+    assert caught.value.what == "unknown key 'data.train_bach_size': verl's config has no such key"
+
+
+def test_files_and_presets_take_the_full_path(tmp_path: Path) -> None:
+    path = tmp_path / "run.yaml"
+    path.write_text("data:\n  train_batch_size: 8\n")
+    overlay = Overlay()
+    overlay.compose(ComposeRequest(config_files=(path,)))
+    assert (overlay.fast, overlay.full) == (0, 1)
+
+
+@pytest.mark.parametrize("engine", ["dp", "megatron", "veomni", "torchtitan"])
+def test_interpolation_resolver_matches_omegaconf(engine: str) -> None:
+    base = _index(compose(ComposeRequest(overrides=cli_tokens([f"model_engine={engine}"]))))
+
+    def leaves(prefix: str) -> list[str]:
+        return [k for k in base.raw if k.startswith(prefix + ".")]
+
+    resolver = Resolver(base.raw, leaves)
+    assert len(base.refs) > 100
+    for key in base.refs:
+        expected = base.composed.view.values[key]
+        value = resolver.value(key)
+        assert (value, type(value)) == (expected, type(expected)), key
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.text(alphabet="abeEfinlrstu019_-./+ ", max_size=10))
+def test_fast_value_parser_agrees_with_hydra(text: str) -> None:
+    fast = _parse_value(text)
+    hydra = _parse_with_hydra(text)
+    assert fast == hydra and type(fast[1]) is type(hydra[1])

@@ -1,0 +1,160 @@
+"""``audit``: audit raw bash launch scripts without running them; findings cite the script's lines."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from verl_safe_launch.audit import script_findings
+from verl_safe_launch.cli._common import add_format_arg, make_parser, parse, print_json
+from verl_safe_launch.errors import EXIT_OK, EXIT_PREFLIGHT, EXIT_USAGE, VslError
+from verl_safe_launch.findings import Finding, Severity, has_errors
+from verl_safe_launch.hardware import DETECT_ENV, HardwareProfile, detect_hardware
+from verl_safe_launch.launch_script import ScriptLaunch, read_script
+from verl_safe_launch.overlay import Overlay
+from verl_safe_launch.overrides import OverrideToken, cli_tokens, split_tool_tokens
+from verl_safe_launch.preflight import run_preflight
+from verl_safe_launch.provenance import Layer, Source
+from verl_safe_launch.report import counts, findings_json, render_report, summary_line, verdict
+
+EXAMPLES = """\
+  verl-safe-launch audit run_qwen2-7b_grpo.sh
+  verl-safe-launch audit examples/*.sh --format json
+  verl-safe-launch audit run_qwen2-7b_grpo.sh -- trainer.nnodes=2 actor_rollout_ref.rollout.n=8
+
+Arguments after '--' are audited as the script's own arguments ("$@").
+exit status: 0 go (clean or warnings only), 1 no-go (errors in any launch), 2 a script could not be read.
+"""
+
+
+@dataclass(frozen=True)
+class LaunchAudit:
+    """One launch of a script and everything the pre-flight found in it."""
+
+    launch: ScriptLaunch
+    findings: tuple[Finding, ...]
+
+
+@dataclass(frozen=True)
+class ScriptAudit:
+    """One script: its launches, or the error that kept it from being read."""
+
+    path: str
+    launches: tuple[LaunchAudit, ...] = ()
+    error: VslError | None = None
+
+
+class Auditor:
+    """Audits scripts one after another, sharing verl's composed defaults between them."""
+
+    def __init__(
+        self, passthrough: tuple[OverrideToken, ...] = (), hardware: HardwareProfile | None = None
+    ) -> None:
+        self.passthrough = passthrough
+        self.hardware = hardware or detect_hardware(split_tool_tokens(passthrough)[1], env={DETECT_ENV: "0"})
+        self.overlay = Overlay()
+
+    def script(self, path: Path) -> ScriptAudit:
+        """Read and audit every launch in one script; an unreadable script is reported, not raised."""
+        try:
+            launches = read_script(path)
+            return ScriptAudit(str(path), tuple(self.launch(launch) for launch in launches))
+        except VslError as exc:
+            return ScriptAudit(str(path), error=exc)
+
+    def launch(self, launch: ScriptLaunch) -> LaunchAudit:
+        """Compose one launch (the script's overrides, then the passthrough arguments) and pre-flight it."""
+        passthrough = self.passthrough if launch.passthrough else ()
+        composed = self.overlay.compose(launch.request(passthrough))
+        findings = [*run_preflight(composed, self.hardware).findings, *script_findings(launch)]
+        if self.passthrough and launch.passthrough is None:
+            findings.append(_unused_passthrough(launch))
+        return LaunchAudit(launch, tuple(findings))
+
+
+def _unused_passthrough(launch: ScriptLaunch) -> Finding:
+    message = f"{launch.label} does not pass the script's arguments to verl (no \"$@\"), so the arguments after '--' never reach it"
+    source = Source(Layer.SCRIPT, launch.path, launch.line)
+    fix = 'append "$@" to the launch command, or edit the script'
+    return Finding("script-passthrough", Severity.WARNING, ("$@",), message, fix, (("$@", None, source),))
+
+
+def main(args: Sequence[str], offset: int) -> int:
+    """Run ``audit``."""
+    parser = make_parser(
+        "audit", "Audit raw bash launch scripts (python -m verl.trainer.main_ppo ...).", EXAMPLES
+    )
+    parser.add_argument("scripts", nargs="+", metavar="SCRIPT", help="bash launch scripts")
+    add_format_arg(parser)
+    own, extra, extra_at = _split_passthrough(args)
+    ns = parse(parser, own)
+    positions = [offset + extra_at + i + 1 for i in range(len(extra))]
+    auditor = Auditor(cli_tokens(extra, positions))
+    results = [auditor.script(Path(p)) for p in ns.scripts]
+    if ns.format == "json":
+        print_json(audit_json(results))
+    else:
+        print(render_audit_text(results), end="")
+    return _exit_code(results)
+
+
+def _split_passthrough(args: Sequence[str]) -> tuple[list[str], list[str], int]:
+    """Arguments before ``--`` (the verb's own), after it (the scripts' ``"$@"``), and where those start."""
+    if "--" not in args:
+        return list(args), [], len(args)
+    cut = list(args).index("--")
+    return list(args[:cut]), list(args[cut + 1 :]), cut + 1
+
+
+def _exit_code(results: list[ScriptAudit]) -> int:
+    if any(r.error is not None for r in results):
+        return EXIT_USAGE
+    findings = [f for r in results for launch in r.launches for f in launch.findings]
+    return EXIT_PREFLIGHT if has_errors(findings) else EXIT_OK
+
+
+def render_audit_text(results: list[ScriptAudit]) -> str:
+    """Per script and launch: a header, the findings, the verdict; then the total when there are several."""
+    blocks: list[str] = []
+    everything: list[Finding] = []
+    for result in results:
+        if result.error is not None:
+            blocks.append(f"== {result.path}\n{result.error.render()}\n")
+        for item in result.launches:
+            launch = item.launch
+            header = f"== {launch.label}: launch {launch.index} of {len(result.launches)}, {len(launch.tokens)} overrides"
+            blocks.append(f"{header}\n{render_report(item.findings)}")
+            everything.extend(item.findings)
+    if sum(len(r.launches) for r in results) > 1:
+        blocks.append(f"== all launches: {summary_line(everything)}\n")
+    return "\n".join(blocks)
+
+
+def audit_json(results: list[ScriptAudit]) -> dict[str, object]:
+    """The stable JSON report of an audit (schema 1; see README)."""
+    everything = [f for r in results for launch in r.launches for f in launch.findings]
+    return {
+        "schema": 1,
+        "verdict": verdict(everything),
+        "summary": counts(everything),
+        "scripts": [_script_json(r) for r in results],
+    }
+
+
+def _script_json(result: ScriptAudit) -> dict[str, object]:
+    return {
+        "path": result.path,
+        "error": result.error.render() if result.error is not None else None,
+        "launches": [
+            {
+                "line": item.launch.line,
+                "index": item.launch.index,
+                "verdict": verdict(item.findings),
+                "summary": counts(item.findings),
+                "overrides": [{"text": t.text, "line": t.source.line} for t in item.launch.tokens],
+                "findings": findings_json(item.findings),
+            }
+            for item in result.launches
+        ],
+    }

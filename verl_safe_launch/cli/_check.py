@@ -1,0 +1,42 @@
+"""``check``: the pre-flight alone; the exit code says go (0) or no-go (1)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from verl_safe_launch.cli._common import add_compose_args, make_parser, override_positions, parse, print_json
+from verl_safe_launch.compose import ComposeRequest
+from verl_safe_launch.errors import EXIT_OK, EXIT_PREFLIGHT
+from verl_safe_launch.overrides import cli_tokens
+from verl_safe_launch.preflight import run_preflight
+from verl_safe_launch.presets import compose_for_launch
+from verl_safe_launch.report import render_report, report_json
+
+EXAMPLES = """\
+  verl-safe-launch check -c launch_examples/grpo_6gpu.yaml
+  verl-safe-launch check actor_rollout_ref.rollout.name=vllm data.train_batch_size=64 --format json
+  verl-safe-launch check -c run.yaml trainer.n_gpus_per_node=8 && sbatch job.sbatch
+
+exit status: 0 go (clean or warnings only), 1 no-go (errors), 2 bad input.
+"""
+
+
+def main(args: Sequence[str], offset: int) -> int:
+    """Run ``check``."""
+    parser = make_parser(
+        "check",
+        "Compose the config, audit the overrides and run every pre-flight rule; launch nothing.",
+        EXAMPLES,
+    )
+    add_compose_args(parser)
+    ns = parse(parser, args)
+    texts = list(ns.overrides or [])
+    tokens = cli_tokens(texts, override_positions(args, texts, offset))
+    request = ComposeRequest(overrides=tokens, config_files=tuple(Path(p) for p in ns.config), lenient=True)
+    preflight = run_preflight(compose_for_launch(request))
+    if ns.format == "json":
+        print_json(report_json(preflight.findings))
+    else:
+        print(render_report(preflight.findings), end="")
+    return EXIT_OK if preflight.ok else EXIT_PREFLIGHT
