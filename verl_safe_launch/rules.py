@@ -58,6 +58,8 @@ def rule(rule_id: str, description: str, severity: Severity = Severity.ERROR) ->
 
 def run_rules(ctx: RuleContext, rules: list[Rule] | None = None) -> list[Finding]:
     """Run every rule (all of them, never first-failure-only) and return all findings."""
+    from verl_safe_launch import rules_catalog  # noqa: F401  (registers the rule modules)
+
     findings: list[Finding] = []
     for entry in RULES if rules is None else rules:
         findings.extend(entry.check(ctx))

@@ -1,0 +1,53 @@
+"""``explain``: the batch arithmetic of a config, step by step, with the formula and keys of each line."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from verl_safe_launch.cli._common import add_compose_args, compose_from_args, make_parser, parse, print_json
+from verl_safe_launch.findings import Finding, Severity
+from verl_safe_launch.report import findings_json, render_finding
+
+EXAMPLES = """\
+  verl-safe-launch explain -c launch_examples/grpo_6gpu.yaml
+  verl-safe-launch explain data.train_batch_size=48 actor_rollout_ref.rollout.n=12 trainer.n_gpus_per_node=8
+  verl-safe-launch explain -c launch_examples/grpo_6gpu.yaml --format json
+"""
+
+
+def main(args: Sequence[str], offset: int) -> int:
+    """Run ``explain``: print the arithmetic, then the batch and layout errors it leads to (exit 0)."""
+    from verl_safe_launch.batch import batch_plan
+    from verl_safe_launch.explain import explain, header, render_text
+    from verl_safe_launch.preflight import rule_context
+    from verl_safe_launch.rules import run_rules
+
+    parser = make_parser("explain", "Walk through the batch arithmetic of a config, step by step.", EXAMPLES)
+    add_compose_args(parser)
+    ns = parse(parser, args)
+    composed = compose_from_args(ns, args, offset)
+    view = composed.view
+    steps = explain(view)
+    errors = [f for f in run_rules(rule_context(composed)) if f.severity is Severity.ERROR]
+    if ns.format == "json":
+        plan = dataclasses.asdict(batch_plan(view))
+        print_json(
+            {"header": header(view, batch_plan(view)), "plan": plan, "steps": [s.to_json() for s in steps]}
+            | {"errors": findings_json(errors)}
+        )
+        return 0
+    print(render_text(view, steps), end="")
+    print(_problems(errors), end="")
+    return 0
+
+
+def _problems(errors: list[Finding]) -> str:
+    if not errors:
+        return "\nno batch or layout errors\n"
+    blocks = [render_finding(f) for f in errors]
+    return (
+        f"\n{len(errors)} error{'s' if len(errors) != 1 else ''} (run 'verl-safe-launch check' for the full pre-flight):\n\n"
+        + "\n\n".join(blocks)
+        + "\n"
+    )
