@@ -1,0 +1,111 @@
+"""Fitting micro batches and token budgets to the GPU: largest that fits, passes every rule, and ``check`` agrees."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import EXAMPLES
+from test_memory import ARR, context
+
+from verl_safe_launch.compose import ComposeRequest
+from verl_safe_launch.findings import Severity
+from verl_safe_launch.fit import KnobFit, candidates, fit_knobs
+from verl_safe_launch.memory import estimate_memory
+from verl_safe_launch.overrides import cli_tokens
+from verl_safe_launch.preflight import run_preflight
+from verl_safe_launch.presets import compose_for_launch
+from verl_safe_launch.rules import HardwareFacts
+
+ACTOR = f"{ARR}.actor.ppo_micro_batch_size_per_gpu"
+LOGPROB = f"{ARR}.rollout.log_prob_micro_batch_size_per_gpu"
+REF = f"{ARR}.ref.log_prob_micro_batch_size_per_gpu"
+
+
+@pytest.fixture(autouse=True)
+def declared_hardware_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only the hardware.* tokens count (no nvidia-smi or Slurm detection on the test machine)."""
+    monkeypatch.setenv("VSL_HARDWARE_DETECT", "0")
+
+
+def by_key(fits: tuple[KnobFit, ...]) -> dict[str, KnobFit]:
+    return {f.key: f for f in fits}
+
+
+def test_six_gpu_example_fits_and_passes_check() -> None:
+    fits = by_key(fit_knobs(context()))
+    assert set(fits) == {ACTOR, LOGPROB, REF}
+    assert fits[ACTOR].value == 40 and fits[ACTOR].current == 8  # 120 per GPU: the largest divisor that fits
+    assert fits[LOGPROB].value == 120 and fits[REF].value == 120
+    for fit in fits.values():
+        assert fit.peak_gib * 1.1 <= 80
+    overrides = [f.override for f in fits.values() if f.override]
+    tokens = cli_tokens(["hardware.gpu_memory_gb=80", *overrides])
+    request = ComposeRequest(overrides=tokens, config_files=(Path(EXAMPLES / "grpo_6gpu.yaml"),))
+    preflight = run_preflight(compose_for_launch(request), HardwareFacts(gpu_memory_gb=80))
+    assert preflight.ok, [f for f in preflight.findings if f.severity is Severity.ERROR]
+
+
+def test_the_fitted_value_is_the_largest_that_fits() -> None:
+    fit = by_key(fit_knobs(context()))[ACTOR]
+    assert fit.value is not None
+    over = estimate_memory(context({ACTOR: 60})).stage("actor update")  # the next divisor of 120 above 40
+    assert over is not None and over.total * 1.1 > 80
+    assert "up to 58 would fit, 40 is the largest valid value" in fit.reason
+
+
+def test_cap_bounds_each_knob() -> None:
+    fits = by_key(fit_knobs(context(), cap={ACTOR: 10, LOGPROB: 7}))
+    assert fits[ACTOR].value == 10 and fits[LOGPROB].value == 6 and fits[REF].value == 120
+
+
+def test_margin_lowers_the_fit() -> None:
+    loose, strict = by_key(fit_knobs(context(), margin=0.0)), by_key(fit_knobs(context(), margin=0.5))
+    assert strict[LOGPROB].value is not None and loose[LOGPROB].value is not None
+    assert strict[LOGPROB].value < loose[LOGPROB].value
+
+
+def test_without_gpu_size_nothing_is_fitted() -> None:
+    fits = fit_knobs(context(gpu=None))
+    assert {f.value for f in fits} == {None}
+    assert fits[0].reason == "GPU memory unknown: set hardware.gpu_memory_gb (e.g. hardware.gpu_memory_gb=80)"
+
+
+def test_nothing_fits_on_a_small_gpu_and_the_reason_says_offload() -> None:
+    fit = by_key(fit_knobs(context(gpu=24)))[ACTOR]
+    assert fit.value is None and fit.override is None
+    assert fit.reason.startswith("even the smallest value needs ")
+    assert fit.reason.endswith(
+        "; offload it (actor_rollout_ref.actor.fsdp_config.param_offload=true "
+        "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true)"
+    )
+    offloaded = {
+        f"{ARR}.actor.fsdp_config.param_offload": True,
+        f"{ARR}.actor.fsdp_config.optimizer_offload": True,
+    }
+    again = by_key(fit_knobs(context(offloaded, gpu=24)))[ACTOR]
+    assert again.reason.endswith(
+        "; or keep the shards on the CPU (actor_rollout_ref.actor.strategy=fsdp2 "
+        "actor_rollout_ref.actor.fsdp_config.offload_policy=true)"
+    )
+
+
+def test_dynamic_batching_fits_token_budgets() -> None:
+    fits = by_key(fit_knobs(context({f"{ARR}.actor.use_dynamic_bsz": True})))
+    budget = fits[f"{ARR}.actor.ppo_max_token_len_per_gpu"]
+    assert budget.value is not None and budget.value % 512 == 0 and budget.value >= 1536
+    assert f"{ARR}.rollout.log_prob_max_token_len_per_gpu" in fits
+
+
+def test_critic_budget_is_added_with_plus_when_verl_yaml_lacks_it() -> None:
+    fits = by_key(
+        fit_knobs(context({"algorithm.adv_estimator": "gae", "critic.model.path": "Qwen/Qwen2.5-0.5B"}))
+    )
+    critic = fits["critic.ppo_infer_max_token_len_per_gpu"]
+    assert critic.add and critic.override is not None and critic.override.startswith("+critic.")
+
+
+def test_candidates_are_divisors_or_budget_steps() -> None:
+    assert candidates(58, False, 120) == [40, 30, 24, 20, 15, 12, 10, 8, 6, 5, 4, 3, 2, 1]
+    assert candidates(1300, True, None) == [1024, 512]
+    assert candidates(300, True, None)[:2] == [300, 299]
