@@ -9,9 +9,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from verl_safe_launch.compose import Composed, ComposeRequest, compose
+from verl_safe_launch.compose import Composed, ComposeRequest
 from verl_safe_launch.errors import UsageError
 from verl_safe_launch.overrides import cli_tokens
+from verl_safe_launch.presets import compose_for_launch
 
 
 class Parser(argparse.ArgumentParser):
@@ -74,10 +75,15 @@ def override_positions(args: Sequence[str], overrides: Sequence[str], offset: in
 
 
 def compose_from_args(ns: argparse.Namespace, args: Sequence[str], offset: int) -> Composed:
-    """Compose verl's config from parsed arguments, with argv positions for provenance."""
+    """Compose verl's config from parsed arguments, with argv positions for provenance.
+
+    Hardware facts fill the GPU counts nobody set; a preset is adapted to the hardware (``--fit``, where a
+    verb has it, lets its micro batches grow past the preset's values).
+    """
     overrides = list(getattr(ns, "overrides", []) or [])
     tokens = cli_tokens(overrides, override_positions(args, overrides, offset))
-    return compose(ComposeRequest(overrides=tokens, config_files=tuple(Path(p) for p in ns.config)))
+    request = ComposeRequest(overrides=tokens, config_files=tuple(Path(p) for p in ns.config))
+    return compose_for_launch(request, fit=bool(getattr(ns, "fit", False)))
 
 
 def print_json(data: Any) -> None:

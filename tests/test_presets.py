@@ -1,0 +1,352 @@
+"""Presets: their exact values on their intended hardware, the choice of ``auto``, and adaptation with reasons."""
+
+from __future__ import annotations
+
+import sys
+import types
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import EXAMPLES, CliResult
+
+from verl_safe_launch.compose import Composed, ComposeRequest
+from verl_safe_launch.config_view import ConfigView
+from verl_safe_launch.errors import UsageError
+from verl_safe_launch.hardware import detect_hardware
+from verl_safe_launch.overrides import ToolSettings, cli_tokens
+from verl_safe_launch.preflight import run_preflight
+from verl_safe_launch.presets import choose_auto, compose_for_launch, preset_values
+from verl_safe_launch.provenance import Layer
+from verl_safe_launch.report import render_finding
+
+ARR = "actor_rollout_ref"
+TP = f"{ARR}.rollout.tensor_model_parallel_size"
+MICRO = f"{ARR}.actor.ppo_micro_batch_size_per_gpu"
+LOGPROB = f"{ARR}.rollout.log_prob_micro_batch_size_per_gpu"
+REF = f"{ARR}.ref.log_prob_micro_batch_size_per_gpu"
+
+# The values each preset must carry, exactly.
+EXPECTED = {
+    "small": {
+        "data.train_batch_size": 16,
+        "trainer.n_gpus_per_node": 2,
+        "trainer.nnodes": 1,
+        f"{ARR}.actor.ppo_mini_batch_size": 16,
+        MICRO: 4,
+        f"{ARR}.rollout.n": 8,
+        TP: 1,
+        LOGPROB: 4,
+        REF: 4,
+    },
+    "medium": {
+        "data.train_batch_size": 48,
+        "trainer.n_gpus_per_node": 8,
+        "trainer.nnodes": 1,
+        f"{ARR}.actor.ppo_mini_batch_size": 48,
+        MICRO: 6,
+        f"{ARR}.rollout.n": 12,
+        TP: 2,
+        LOGPROB: 6,
+        REF: 6,
+    },
+    "cluster": {
+        "data.train_batch_size": 128,
+        "trainer.n_gpus_per_node": 8,
+        "trainer.nnodes": 4,
+        f"{ARR}.model.use_remove_padding": True,
+        f"{ARR}.actor.ppo_mini_batch_size": 128,
+        MICRO: 8,
+        f"{ARR}.actor.ulysses_sequence_parallel_size": 4,
+        f"{ARR}.rollout.n": 8,
+        TP: 2,
+        LOGPROB: 4,
+        REF: 4,
+    },
+}
+INTENDED = {
+    "small": ("hardware.gpus_per_node=2",),
+    "medium": ("hardware.gpus_per_node=8",),
+    "cluster": ("hardware.gpus_per_node=8", "hardware.nodes=4"),
+}
+
+
+@pytest.fixture(autouse=True)
+def _no_host_hardware(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only declared hardware counts in these tests, whatever machine runs them."""
+    monkeypatch.setenv("VSL_HARDWARE_DETECT", "0")
+
+
+def _compose(*tokens: str, files: tuple[Path, ...] = (), fit: bool = False) -> Composed:
+    return compose_for_launch(ComposeRequest(overrides=cli_tokens(list(tokens)), config_files=files), fit=fit)
+
+
+def _adapted(view: ConfigView, keys: tuple[str, ...] | None = None) -> dict[str, tuple[Any, str]]:
+    """Adapted keys (all, or those of ``keys``) → (value, reason)."""
+    return {
+        key: (prov.value, prov.source.reason or "")
+        for key, prov in view.provenance.items()
+        if prov.source.layer is Layer.ADAPTED and (keys is None or key in keys)
+    }
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_preset_files_carry_exactly_the_documented_values(name: str) -> None:
+    assert {key: value for key, value, _ in preset_values(name)} == EXPECTED[name]
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_presets_reproduce_their_values_on_their_intended_hardware(name: str) -> None:
+    view = _compose(f"preset={name}", *INTENDED[name]).view
+    assert {key: view.get(key) for key in EXPECTED[name]} == EXPECTED[name]
+    assert _adapted(view) == {}
+    prov = view.prov(MICRO)
+    assert prov is not None and prov.source.describe().startswith(f"preset {name}, conf/preset/{name}.yaml:")
+
+
+def test_small_on_one_gpu() -> None:
+    view = _compose("preset=small", "hardware.gpus_per_node=1").view
+    assert _adapted(view) == {
+        "trainer.n_gpus_per_node": (
+            1,
+            "preset small: the hardware has 1 GPU per node: declared on the command line, argument 2 "
+            "(hardware.gpus_per_node=1)",
+        )
+    }
+
+
+def test_medium_on_six_gpus_sizes_tp_for_the_model() -> None:
+    view = _compose(
+        "preset=medium",
+        "hardware.gpus_per_node=6",
+        "hardware.gpu_memory_gb=80",
+        f"{ARR}.model.path=Qwen/Qwen2.5-7B-Instruct",
+    ).view
+    adapted = _adapted(view)
+    assert adapted.pop("trainer.n_gpus_per_node")[0] == 6
+    assert adapted.pop(TP) == (
+        1,
+        "preset medium: smallest TP that fits: 14.2 GiB of weights per GPU leave 25.8 GiB of the rollout's "
+        "40.0 GiB (gpu_memory_utilization 0.5 × 80 GiB) for the KV cache, 483371 tokens ≥ 32768 (max_model_len "
+        "null: the model's 32768 positions); divides 6 GPUs per node and the heads (28 attention, 4 KV)",
+    )
+    assert set(adapted) <= {MICRO, LOGPROB, REF}, "only the memory fit may move anything else"
+    assert all(value <= EXPECTED["medium"][key] for key, (value, _) in adapted.items())
+
+
+def test_cluster_on_two_nodes_of_eight() -> None:
+    view = _compose("preset=cluster", "hardware.gpus_per_node=8", "hardware.nodes=2").view
+    assert _adapted(view) == {
+        "trainer.nnodes": (
+            2,
+            "preset cluster: the hardware has 2 nodes: declared on the command line, argument 3 (hardware.nodes=2)",
+        )
+    }
+    runnable = ("algorithm.adv_estimator=grpo", f"{ARR}.rollout.name=vllm")
+    preflight = run_preflight(
+        _compose("preset=cluster", "hardware.gpus_per_node=8", "hardware.nodes=2", *runnable)
+    )
+    assert preflight.ok, [f.message for f in preflight.findings if f.severity.value == "error"]
+
+
+def test_medium_on_five_gpus_moves_batch_sizes_to_the_nearest_valid() -> None:
+    view = _compose("preset=medium", "hardware.gpus_per_node=5").view
+    adapted = _adapted(view)
+    assert adapted["data.train_batch_size"] == (
+        50,
+        "preset medium: 48 prompts × rollout.n 12 = 576 trajectories do not split evenly over 5 GPUs; "
+        "50 × 12 = 600 do (the nearest such size)",
+    )
+    assert adapted[f"{ARR}.actor.ppo_mini_batch_size"][0] == 50
+    assert adapted[TP] == (
+        1,
+        "preset medium: the largest TP up to 2 that divides 5 GPUs per node and the heads (32 attention, 32 KV)",
+    )
+
+
+def test_cluster_on_one_six_gpu_node_shrinks_ulysses_and_batches() -> None:
+    view = _compose("preset=cluster", "hardware.gpus_per_node=6", "hardware.nodes=1").view
+    adapted = {key: value for key, (value, _) in _adapted(view).items()}
+    assert adapted == {
+        "trainer.n_gpus_per_node": 6,
+        "trainer.nnodes": 1,
+        f"{ARR}.actor.ulysses_sequence_parallel_size": 2,
+        "data.train_batch_size": 129,
+        f"{ARR}.actor.ppo_mini_batch_size": 129,
+    }
+    assert view.get(f"{ARR}.ref.ulysses_sequence_parallel_size") == 2
+
+
+def test_user_values_are_never_adapted() -> None:
+    view = _compose("preset=medium", "hardware.gpus_per_node=5", "data.train_batch_size=60").view
+    assert view.get("data.train_batch_size") == 60
+    assert _adapted(view)[f"{ARR}.actor.ppo_mini_batch_size"][0] == 50
+    prov = view.prov(f"{ARR}.actor.ppo_mini_batch_size")
+    assert prov is not None and [w.source.layer for w in prov.history] == [Layer.VERL, Layer.PRESET]
+
+
+def test_preset_medium_on_the_bundled_example_passes_the_preflight() -> None:
+    composed = _compose("preset=medium", files=(EXAMPLES / "grpo_6gpu.yaml",))
+    preflight = run_preflight(composed)
+    assert preflight.ok, [f.message for f in preflight.findings if f.severity.value == "error"]
+
+
+def test_preset_auto_on_the_preset_example_with_declared_hardware() -> None:
+    composed = _compose(
+        "preset=auto",
+        "hardware.gpus_per_node=6",
+        "hardware.gpu_memory_gb=80",
+        files=(EXAMPLES / "grpo_preset.yaml",),
+    )
+    adapted = _adapted(composed.view)
+    assert adapted["trainer.n_gpus_per_node"][0] == 6
+    assert adapted[TP][0] == 1
+    preflight = run_preflight(composed)
+    assert preflight.ok, [f.message for f in preflight.findings if f.severity.value == "error"]
+    infos = {f.rule_id: f for f in preflight.findings}
+    assert infos["preset-auto"].message == (
+        "preset=auto chose medium: 6 GPUs on 1 node; declared on the command line, argument 2 "
+        "(hardware.gpus_per_node=6)"
+    )
+    adapted_findings = [f for f in preflight.findings if f.rule_id == "preset-adapted" and f.keys == (TP,)]
+    assert render_finding(adapted_findings[0]).splitlines()[0] == (
+        f"info [preset-adapted] preset medium adapted {TP} from 2 to 1"
+    )
+
+
+@pytest.mark.parametrize(
+    ("tokens", "name"),
+    [
+        (("hardware.gpus_per_node=1",), "small"),
+        (("hardware.gpus_per_node=2",), "small"),
+        (("hardware.gpus_per_node=6",), "medium"),
+        (("hardware.gpus_per_node=8", "hardware.nodes=1"), "medium"),
+        (("hardware.gpus_per_node=8", "hardware.nodes=2"), "cluster"),
+    ],
+)
+def test_auto_picks_by_hardware(tokens: tuple[str, ...], name: str) -> None:
+    tool = _tool(*tokens)
+    assert choose_auto(detect_hardware(tool, env={}), None)[0] == name
+
+
+def _tool(*tokens: str) -> ToolSettings:
+    from verl_safe_launch.overrides import split_tool_tokens
+
+    return split_tool_tokens(cli_tokens(list(tokens)))[1]
+
+
+def test_auto_falls_back_to_the_users_gpu_counts() -> None:
+    view = _compose("preset=auto", files=(EXAMPLES / "grpo_6gpu.yaml",)).view
+    assert view.prov("data.train_batch_size") is not None
+    assert choose_auto(detect_hardware(ToolSettings(), env={}), view)[0] == "medium"
+
+
+def test_auto_without_any_gpu_count_is_a_usage_error() -> None:
+    with pytest.raises(UsageError) as err:
+        _compose("data.train_batch_size=64", "preset=auto")
+    assert err.value.render() == (
+        "error: preset=auto cannot pick a preset: the number of GPUs is unknown\n"
+        "  where: command line, argument 2 (preset=auto)\n"
+        "  fix: declare the hardware, e.g. hardware.gpus_per_node=8 hardware.nodes=1, or run inside the Slurm "
+        "allocation or on the GPU machine"
+    )
+
+
+@dataclass(frozen=True)
+class _Knob:
+    key: str
+    current: int | None
+    value: int | None
+    peak_gib: float
+    reason: str
+
+
+def _fake_fit(monkeypatch: pytest.MonkeyPatch, answers: Mapping[str, int]) -> list[Any]:
+    """Stand in for the memory fit: record the caps asked for, answer fixed values."""
+    calls: list[Any] = []
+
+    def fit_knobs(ctx: Any, margin: float = 0.10, cap: Mapping[str, int] | None = None) -> tuple[_Knob, ...]:
+        calls.append(cap)
+        return tuple(_Knob(k, ctx.view.get(k), v, 70.0, f"fits at {v}") for k, v in answers.items())
+
+    module = types.ModuleType("verl_safe_launch.fit")
+    module.fit_knobs = fit_knobs  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "verl_safe_launch.fit", module)
+    return calls
+
+
+def test_micro_batches_are_capped_at_the_preset_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _fake_fit(monkeypatch, {MICRO: 3, LOGPROB: 12, REF: 6})
+    view = _compose("preset=medium", "hardware.gpus_per_node=8", "hardware.gpu_memory_gb=80").view
+    assert calls == [{MICRO: 6, LOGPROB: 6, REF: 6}]
+    assert _adapted(view, (MICRO, LOGPROB, REF)) == {MICRO: (3, "preset medium: fits at 3")}
+    assert view.get(LOGPROB) == 6, "never raised above the preset without --fit"
+
+
+def test_fit_lets_micro_batches_grow(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _fake_fit(monkeypatch, {MICRO: 3, LOGPROB: 12})
+    view = _compose("preset=medium", "hardware.gpus_per_node=8", "hardware.gpu_memory_gb=80", fit=True).view
+    assert calls == [None]
+    assert {k: v for k, (v, _) in _adapted(view, (MICRO, LOGPROB, REF)).items()} == {MICRO: 3, LOGPROB: 12}
+
+
+def test_fit_never_touches_user_micro_batches(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _fake_fit(monkeypatch, {MICRO: 3})
+    tokens = ("preset=medium", "hardware.gpus_per_node=8", "hardware.gpu_memory_gb=80", f"{MICRO}=4")
+    view = _compose(*tokens).view
+    assert calls == [{LOGPROB: 6, REF: 6}]
+    assert view.get(MICRO) == 4 and _adapted(view, (MICRO, LOGPROB, REF)) == {}
+
+
+def test_show_origin_names_the_adaptation(cli) -> None:  # type: ignore[no-untyped-def]
+    result: CliResult = cli(
+        "show", "preset=small", "hardware.gpus_per_node=1", "--key", "trainer.n_gpus_per_node"
+    )
+    assert result.code == 0
+    assert result.out == (
+        "trainer.n_gpus_per_node = 1\n"
+        "    from preset adapted to hardware: preset small: the hardware has 1 GPU per node: declared on the "
+        "command line, argument 3 (hardware.gpus_per_node=1)\n"
+        "    replaced 2 from preset small, conf/preset/small.yaml:8\n"
+        "    replaced 8 from verl default, verl/trainer/config/ppo_trainer.yaml:"
+        + result.out.rsplit("ppo_trainer.yaml:", 1)[1]
+    )
+
+
+def test_presets_verb_lists_and_shows(cli) -> None:  # type: ignore[no-untyped-def]
+    listing: CliResult = cli("presets")
+    assert listing.code == 0
+    assert listing.out.splitlines()[:5] == [
+        "NAME     HARDWARE                  MODELS   SUMMARY",
+        "small    1-2 GPUs, one machine     7B-13B   short steps, TP 1, small micro batches",
+        "medium   6-8 GPUs, one node        13B-34B  48 prompts x 12 samples, rollout TP 2",
+        "cluster  several nodes x 8 GPUs    70B+     FSDP + Ulysses 4 (remove padding on), rollout TP 2",
+        "auto     picked from the hardware  -        up to 2 GPUs: small; one node: medium; more: cluster",
+    ]
+    shown: CliResult = cli("presets", "medium")
+    assert (
+        shown.out.splitlines()[0]
+        == "preset medium: 6-8 GPUs, one node; models 13B-34B (conf/preset/medium.yaml)"
+    )
+    assert "  data.train_batch_size" in shown.out
+    assert "  actor_rollout_ref.rollout.tensor_model_parallel_size        = 2" in shown.out.splitlines()
+
+
+def test_presets_verb_json(cli) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    data = json.loads(cli("presets", "cluster", "--format", "json").out)
+    assert data["values"] == EXPECTED["cluster"]
+    assert data["hardware"] == "several nodes x 8 GPUs"
+    names = [p["name"] for p in json.loads(cli("presets", "--format", "json").out)["presets"]]
+    assert names == ["small", "medium", "cluster", "auto"]
+
+
+def test_presets_verb_unknown_name(cli) -> None:  # type: ignore[no-untyped-def]
+    result: CliResult = cli("presets", "huge")
+    assert result.code == 2
+    assert result.err == (
+        "error: unknown preset 'huge'\n  where: command line, argument 2\n  fix: use one of: auto, cluster, medium, small\n"
+    )

@@ -1,0 +1,114 @@
+"""``presets``: list the presets with their intended hardware and model scale, or show one preset's values."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from verl_safe_launch.cli._common import add_format_arg, format_value, make_parser, parse, print_json
+from verl_safe_launch.compose import available_presets
+from verl_safe_launch.errors import UsageError
+from verl_safe_launch.hardware import detect_hardware
+from verl_safe_launch.overrides import ToolSettings
+from verl_safe_launch.presets import AUTO, PRESETS, PresetInfo, choose_auto, preset_values
+
+EXAMPLES = """\
+  verl-safe-launch presets
+  verl-safe-launch presets medium
+  verl-safe-launch presets auto
+  verl-safe-launch presets cluster --format json
+"""
+
+ADAPTS = (
+    "On other hardware the values you did not set adapt, each with its reason (show --origin, check):\n"
+    "GPU counts from the hardware; train and mini batch sizes to the nearest sizes that divide evenly;\n"
+    "rollout TP to the smallest that fits the weights with KV headroom; Ulysses to a divisor of the GPUs;\n"
+    "micro batches to divisors of their batch and to what fits in memory, never above the preset's value\n"
+    "unless --fit is given."
+)
+
+
+def main(args: Sequence[str], offset: int) -> int:
+    """Run ``presets``."""
+    parser = make_parser("presets", "List the presets, or show one preset's values.", EXAMPLES)
+    parser.add_argument("name", nargs="?", metavar="NAME", help="the preset to show")
+    add_format_arg(parser)
+    ns = parse(parser, args)
+    if ns.name is None:
+        _list(ns.format)
+        return 0
+    if ns.name not in available_presets():
+        raise UsageError(
+            f"unknown preset '{ns.name}'",
+            where=f"command line, argument {offset + 1 + list(args).index(ns.name)}",
+            fix="use one of: " + ", ".join(available_presets()),
+        )
+    _show(ns.name, ns.format)
+    return 0
+
+
+def _info(name: str) -> PresetInfo:
+    return PRESETS.get(name, PresetInfo(name, "-", "-", "a preset file in conf/preset"))
+
+
+def _list(fmt: str) -> None:
+    infos = [_info(name) for name in _ordered(available_presets())]
+    if fmt == "json":
+        print_json({"presets": [_info_json(info) for info in infos]})
+        return
+    rows = [("NAME", "HARDWARE", "MODELS", "SUMMARY")] + [
+        (i.name, i.hardware, i.models, i.summary) for i in infos
+    ]
+    widths = [max(len(row[col]) for row in rows) for col in range(3)]
+    for row in rows:
+        print(
+            "  ".join(cell.ljust(width) for cell, width in zip(row[:3], widths, strict=True)) + "  " + row[3]
+        )
+    print("\nUse one with preset=NAME; 'verl-safe-launch presets NAME' shows its values.")
+
+
+def _ordered(names: list[str]) -> list[str]:
+    known = [name for name in PRESETS if name in names]
+    return known + [name for name in names if name not in PRESETS]
+
+
+def _info_json(info: PresetInfo) -> dict[str, Any]:
+    return {
+        "name": info.name,
+        "hardware": info.hardware,
+        "models": info.models,
+        "summary": info.summary,
+        "file": f"conf/preset/{info.name}.yaml",
+    }
+
+
+def _show(name: str, fmt: str) -> None:
+    info = _info(name)
+    values = [] if name == AUTO else preset_values(name)
+    choice = _auto_choice() if name == AUTO else None
+    if fmt == "json":
+        data = _info_json(info)
+        data["values"] = {key: value for key, value, _ in values}
+        if name == AUTO:
+            data["choice"] = {"preset": choice[0], "why": choice[1]} if choice else None
+        print_json(data)
+        return
+    if name == AUTO:
+        print(f"preset auto: {info.summary} (conf/preset/auto.yaml)")
+    else:
+        print(f"preset {name}: {info.hardware}; models {info.models} (conf/preset/{name}.yaml)")
+    width = max((len(key) for key, _, _ in values), default=0)
+    for key, value, _ in values:
+        print(f"  {key:<{width}} = {format_value(value)}")
+    if name == AUTO:
+        print(
+            f"  here: {choice[0]}, {choice[1]}" if choice else "  here: hardware unknown (declare hardware.*)"
+        )
+    print("\n" + ADAPTS)
+
+
+def _auto_choice() -> tuple[str, str] | None:
+    profile = detect_hardware(ToolSettings())
+    if profile.gpus_per_node is None:
+        return None
+    return choose_auto(profile, None)
