@@ -1,0 +1,174 @@
+"""The launch plan: GPU and CPU needs, Ray address and auth mode, runtime env merge, and the pre-Ray checks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import EXAMPLES
+
+from verl_safe_launch.compose import Composed, ComposeRequest, compose
+from verl_safe_launch.hooks import RUN_DIR_ENV, SETUP_HOOK, USER_SETUP_HOOK_ENV
+from verl_safe_launch.launch.plan import (
+    LaunchBlocked,
+    auth_mode,
+    local_num_cpus,
+    plan_launch,
+    ray_address,
+)
+from verl_safe_launch.launch.verl_handoff import cause_line, check_cpus, check_gpus
+from verl_safe_launch.overrides import cli_tokens
+from verl_safe_launch.resources import CpuNeed, GpuNeed, cpu_need, gpu_need
+
+EXAMPLE = EXAMPLES / "grpo_6gpu.yaml"
+
+
+def composed(*overrides: str) -> Composed:
+    return compose(ComposeRequest(overrides=cli_tokens(list(overrides)), config_files=(EXAMPLE,)))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "total", "parts"),
+    [
+        ((), 6, ("global pool 6 = trainer.n_gpus_per_node 6 × trainer.nnodes 1",)),
+        (
+            (
+                "reward.reward_model.enable=true",
+                "reward.reward_model.enable_resource_pool=true",
+                "reward.reward_model.n_gpus_per_node=2",
+                "reward.reward_model.nnodes=1",
+            ),
+            8,
+            (
+                "global pool 6 = trainer.n_gpus_per_node 6 × trainer.nnodes 1",
+                "reward pool 2 = reward.reward_model.n_gpus_per_node 2 × nnodes 1",
+            ),
+        ),
+        (
+            ("distillation.enabled=true", "distillation.n_gpus_per_node=4", "distillation.nnodes=2"),
+            14,
+            (
+                "global pool 6 = trainer.n_gpus_per_node 6 × trainer.nnodes 1",
+                "teacher pool 8 = distillation.n_gpus_per_node 4 × nnodes 2",
+            ),
+        ),
+    ],
+)
+def test_gpu_need_counts_every_pool(overrides: tuple[str, ...], total: int, parts: tuple[str, ...]) -> None:
+    need = gpu_need(composed(*overrides).view)
+    assert (need.total, need.parts) == (total, parts)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "total"),
+    [
+        ((), 3 * 6 + 9 + 1),
+        (("trainer.use_v1=false",), 3 * 6 + 1),
+        (("trainer.n_gpus_per_node=1",), 3 + 9 + 1),
+    ],
+)
+def test_cpu_need_includes_transfer_queue_for_the_v1_trainer(overrides: tuple[str, ...], total: int) -> None:
+    view = composed(*overrides).view
+    assert cpu_need(view, gpu_need(view)).total == total
+
+
+def test_ray_address_prefers_the_config_then_the_environment() -> None:
+    plain = composed().view
+    configured = composed("+ray_kwargs.ray_init.address=10.0.0.9:6379").view
+    assert ray_address(plain, {}) == (None, "local")
+    assert ray_address(plain, {"RAY_ADDRESS": "auto"}) == ("auto", "RAY_ADDRESS")
+    assert ray_address(configured, {"RAY_ADDRESS": "auto"}) == (
+        "10.0.0.9:6379",
+        "ray_kwargs.ray_init.address",
+    )
+
+
+@pytest.mark.parametrize(
+    ("address", "env", "token_file", "mode"),
+    [
+        (None, {}, False, "token"),
+        (None, {"RAY_AUTH_MODE": "disabled"}, False, "disabled"),
+        ("10.0.0.1:6379", {}, False, "disabled"),
+        ("10.0.0.1:6379", {}, True, "token"),
+        ("10.0.0.1:6379", {"RAY_AUTH_TOKEN": "abc"}, False, "token"),
+    ],
+)
+def test_one_auth_mode_for_everything(
+    tmp_path: Path, address: str | None, env: dict[str, str], token_file: bool, mode: str
+) -> None:
+    token = tmp_path / "auth_token"
+    if token_file:
+        token.write_text("secret")
+    assert auth_mode(address, {**env, "RAY_AUTH_TOKEN_PATH": str(token)}) == mode
+
+
+def test_a_configured_cpu_count_below_the_need_is_refused_before_ray_starts() -> None:
+    with pytest.raises(LaunchBlocked) as info:
+        local_num_cpus(4, CpuNeed(18, 9))
+    assert info.value.exit_code == 1
+    assert info.value.render().splitlines() == [
+        "error: ray_kwargs.ray_init.num_cpus=4 is below the 28 (GPU bundles 18 + TransferQueue 9 + scheduling 1) "
+        "Ray CPUs this run reserves; Ray would wait forever without a word",
+        "  where: ray_kwargs.ray_init.num_cpus",
+        "  fix: ray_kwargs.ray_init.num_cpus=28 (logical CPUs: oversubscribing is fine), or leave it unset",
+    ]
+    assert local_num_cpus(None, CpuNeed(3, 9)) >= 13
+    assert local_num_cpus(64, CpuNeed(3, 9)) == 64
+
+
+def test_cluster_checks_name_both_numbers() -> None:
+    need = GpuNeed(6, parts=("global pool 6 = trainer.n_gpus_per_node 6 × trainer.nnodes 1",))
+    assert check_gpus(need, {"GPU": 8.0}, "here") is None
+    error = check_gpus(need, {"CPU": 64.0}, "Ray cluster 10.0.0.1:6379")
+    assert error is not None and error.exit_code == 3
+    assert error.what == (
+        "the Ray cluster has 0 GPUs; the config needs 6 (global pool 6 = trainer.n_gpus_per_node 6 × trainer.nnodes 1)"
+    )
+    cpu_error = check_cpus(CpuNeed(18, 9), {"CPU": 16.0}, "here")
+    assert cpu_error is not None
+    assert cpu_error.what.startswith("the Ray cluster has 16 CPUs; this run reserves 28 (")
+
+
+def test_cause_line_takes_the_original_exception_of_a_ray_task_error() -> None:
+    class FakeRayTaskError(Exception):
+        cause = ValueError("Total available GPUs 0 is less than total desired GPUs 1\nmore")
+
+    assert cause_line(FakeRayTaskError("traceback...")) == (
+        "ValueError: Total available GPUs 0 is less than total desired GPUs 1"
+    )
+
+
+@pytest.mark.slow
+def test_plan_merges_verls_runtime_env_the_users_and_the_hook(tmp_path: Path) -> None:
+    comp = composed(
+        "+ray_kwargs.ray_init.runtime_env.env_vars.VERL_LOGGING_LEVEL=DEBUG",
+        "+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook=my_pkg.setup",
+        "ray_kwargs.ray_init.num_cpus=64",
+    )
+    plan = plan_launch(comp.cfg, comp.view, tmp_path, {})
+    runtime = plan.init_kwargs["runtime_env"]
+    assert runtime["worker_process_setup_hook"] == SETUP_HOOK
+    env = runtime["env_vars"]
+    assert env[USER_SETUP_HOOK_ENV] == "my_pkg.setup"
+    assert env[RUN_DIR_ENV] == str(tmp_path.resolve())
+    assert env["VERL_LOGGING_LEVEL"] == "DEBUG"
+    assert env["VERL_FULL_DETERMINISM"] == "0"  # from verl's get_ppo_ray_runtime_env
+    assert plan.init_kwargs["num_cpus"] == 64
+    attached = plan_launch(comp.cfg, comp.view, tmp_path, {"RAY_ADDRESS": "10.0.0.1:6379"})
+    assert attached.init_kwargs["address"] == "10.0.0.1:6379"
+    assert "num_cpus" not in attached.init_kwargs  # Ray refuses resource counts when attaching
+
+
+@pytest.mark.slow
+def test_full_determinism_reaches_the_workers_as_in_run_ppo(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for key in ("VERL_FULL_DETERMINISM", "VLLM_BATCH_INVARIANT", "PYTHONHASHSEED", "VERL_RL_INSIGHT_ENABLE"):
+        monkeypatch.delenv(key, raising=False)
+    comp = composed("actor_rollout_ref.rollout.full_determinism=true", "actor_rollout_ref.rollout.seed=7")
+    env = plan_launch(comp.cfg, comp.view, tmp_path, {}).init_kwargs["runtime_env"]["env_vars"]
+    assert (env["VERL_FULL_DETERMINISM"], env["VLLM_BATCH_INVARIANT"], env["PYTHONHASHSEED"]) == (
+        "1",
+        "1",
+        "7",
+    )

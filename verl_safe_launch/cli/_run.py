@@ -1,0 +1,222 @@
+"""``run`` (the default verb): pre-flight, run directory, verl's validation, then verl's trainer on Ray."""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from verl_safe_launch.cli._common import add_compose_args, compose_from_args, make_parser, parse, print_json
+from verl_safe_launch.compose import Composed
+from verl_safe_launch.errors import EXIT_LAUNCH, EXIT_OK, EXIT_PREFLIGHT, VslError
+from verl_safe_launch.launch import rundir
+from verl_safe_launch.launch.plan import LaunchBlocked, LaunchPlan, plan_launch, render_plan
+from verl_safe_launch.preflight import Preflight, run_preflight
+from verl_safe_launch.report import findings_json, render_findings_text, summary_line
+
+EXAMPLES = """\
+  verl-safe-launch -c launch_examples/grpo_6gpu.yaml
+  verl-safe-launch preset=medium actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct data.train_files=...
+  verl-safe-launch run --dry-run -c launch_examples/grpo_6gpu.yaml --run-dir /tmp/grpo-plan
+  RAY_ADDRESS=10.0.0.1:6379 verl-safe-launch run -c my_run.yaml
+"""
+FORCE_HELP = (
+    "launch anyway: past pre-flight errors, into a non-empty run directory, on a machine without GPUs, "
+    "or on a cluster with fewer GPUs than the config needs (recorded in preflight.json)"
+)
+NO_GPU = (
+    "No GPU on this machine: the pre-flight passed and nothing was started. On a machine with GPUs this runs:"
+)
+
+
+@dataclass
+class Outcome:
+    """What ``run`` reports: text as it goes, or one JSON object at the end."""
+
+    json: bool
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def say(self, text: str) -> None:
+        """One block of the text report (nothing in JSON mode)."""
+        if not self.json:
+            print(text, flush=True)
+
+    def finish(self, status: str, code: int) -> int:
+        """Emit the JSON object (in JSON mode) and return the exit code."""
+        if self.json:
+            print_json({"status": status, "exit_code": code, **self.data})
+        return code
+
+
+def main(args: Sequence[str], offset: int) -> int:
+    """Run ``run``."""
+    parser = make_parser(
+        "run", "Pre-flight, then launch verl's trainer on Ray with memory logging.", EXAMPLES
+    )
+    parser.add_argument("--run-dir", type=Path, help="run directory (default outputs/<date>/<time>)")
+    parser.add_argument("--force", action="store_true", help=FORCE_HELP)
+    parser.add_argument(
+        "--dry-run", action="store_true", help="stop after the run directory and verl's validation"
+    )
+    add_compose_args(parser)
+    ns = parse(parser, args)
+    out = Outcome(ns.format == "json")
+    try:
+        return _run(ns, args, offset, out)
+    except VslError as exc:
+        out.data["error"] = exc.render()
+        out.finish("error", exc.exit_code)
+        raise
+
+
+def _run(ns: argparse.Namespace, args: Sequence[str], offset: int, out: Outcome) -> int:
+    composed = compose_from_args(ns, args, offset)
+    pre = run_preflight(composed)
+    out.data["preflight"] = {"summary": summary_line(pre.findings), "findings": findings_json(pre.findings)}
+    out.say(render_findings_text(pre.findings).rstrip("\n"))
+    forced: list[str] = []
+    if not pre.ok:
+        if not ns.force:
+            out.say("Nothing was started: fix the errors above, or pass --force to launch anyway.")
+            return out.finish("preflight-failed", EXIT_PREFLIGHT)
+        forced.append("pre-flight errors")
+    cfg = _resolved(composed)
+    run_dir = _run_dir(ns, forced)
+    _write_run_dir(run_dir, cfg, composed, pre, args, list(ns.overrides), forced)
+    out.data["run_dir"] = str(run_dir)
+    out.say(f"run directory: {run_dir}")
+    _validate(cfg, run_dir)
+    out.say("verl's validate_config: passed")
+    plan = plan_launch(cfg, composed.view, run_dir, os.environ)
+    out.data["plan"] = plan.to_json()
+    if ns.dry_run:
+        out.say("Dry run: nothing was started. This is what would launch:\n" + render_plan(plan))
+        return out.finish("dry-run", EXIT_OK)
+    if plan.address is None and _local_gpus() == 0:
+        if not ns.force:
+            out.say(NO_GPU + "\n" + render_plan(plan))
+            return out.finish("no-gpu", EXIT_OK)
+        forced.append("no GPU on this machine")
+        _record_forced(run_dir, pre, forced)
+    out.say("launching:\n" + render_plan(plan))
+    return _launch(cfg, plan, pre, forced, ns.force, out)
+
+
+def _resolved(composed: Composed) -> Any:
+    """A resolved copy of the composed config: what config.yaml holds and what verl receives."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    cfg = copy.deepcopy(composed.cfg)
+    try:
+        OmegaConf.resolve(cfg)
+    except OmegaConfBaseException as exc:
+        first = str(exc).splitlines()[0]
+        raise LaunchBlocked(
+            f"the config does not resolve: {first}", fix="run 'verl-safe-launch check'"
+        ) from None
+    return cfg
+
+
+def _run_dir(ns: argparse.Namespace, forced: list[str]) -> Path:
+    if ns.run_dir is None:
+        return rundir.prepare_run_dir(rundir.auto_run_dir(datetime.now()), force=False)
+    if rundir.is_non_empty(ns.run_dir) and ns.force:
+        forced.append("non-empty run directory")
+    return rundir.prepare_run_dir(ns.run_dir, force=ns.force)
+
+
+def _write_run_dir(
+    run_dir: Path,
+    cfg: Any,
+    composed: Composed,
+    pre: Preflight,
+    args: Sequence[str],
+    overrides: list[str],
+    forced: list[str],
+) -> None:
+    record = rundir.RunRecord(
+        config_yaml=rundir.render_config(cfg),
+        overrides=tuple(overrides),
+        provenance=rundir.provenance_json(composed.view),
+        preflight=rundir.preflight_json(pre.findings, forced),
+        command=rundir.reproduce_command(args, Path.cwd(), os.environ),
+    )
+    rundir.write_run_files(run_dir, record)
+
+
+def _validate(cfg: Any, run_dir: Path) -> None:
+    from verl_safe_launch.launch.verl_handoff import validate_with_verl
+
+    before = rundir.render_config(cfg)
+    validate_with_verl(cfg)
+    after = rundir.render_config(cfg)
+    if after != before:  # auto_set_device may switch trainer.device: record what verl will receive
+        rundir.atomic_write(run_dir / rundir.CONFIG_FILE, after)
+
+
+def _local_gpus() -> int:
+    from verl_safe_launch.launch.verl_handoff import local_gpu_count
+
+    return local_gpu_count()
+
+
+def _record_forced(run_dir: Path, pre: Preflight, forced: list[str]) -> None:
+    preflight = rundir.preflight_json(pre.findings, forced)
+    rundir.atomic_write(run_dir / "preflight.json", rundir.json_text(preflight))
+
+
+def _launch(cfg: Any, plan: LaunchPlan, pre: Preflight, forced: list[str], force: bool, out: Outcome) -> int:
+    from verl_safe_launch.launch import verl_handoff as handoff
+
+    started = handoff.start_ray(plan)
+    failure: VslError | None = None
+    try:
+        _check_cluster(plan, pre, forced, force, out)
+        handoff.submit(cfg, plan)
+    except VslError as exc:
+        failure = exc
+    finally:
+        handoff.stop_ray(started)
+    return _after_run(plan, pre, failure, out)
+
+
+def _check_cluster(plan: LaunchPlan, pre: Preflight, forced: list[str], force: bool, out: Outcome) -> None:
+    from verl_safe_launch.launch import verl_handoff as handoff
+
+    resources = handoff.cluster_resources()
+    where = f"Ray cluster {plan.address or '(local)'}; run directory {plan.run_dir}"
+    cpu_error = handoff.check_cpus(plan.cpus, resources, where)
+    if cpu_error is not None:
+        raise cpu_error
+    gpu_error = handoff.check_gpus(plan.gpus, resources, where)
+    if gpu_error is None:
+        return
+    if not force:
+        raise gpu_error
+    forced.append(gpu_error.what)
+    _record_forced(plan.run_dir, pre, forced)
+    out.say(f"warning: {gpu_error.what} (launching anyway: --force)")
+
+
+def _after_run(plan: LaunchPlan, pre: Preflight, failure: VslError | None, out: Outcome) -> int:
+    from verl_safe_launch.launch import postmortem
+
+    records = postmortem.read_records(plan.run_dir)
+    oom = postmortem.first_oom(records)
+    if oom is not None:
+        report = postmortem.oom_report(oom, pre.context, postmortem.load_fit())
+        out.data["oom"] = {"stage": report.stage, "override": report.override}
+        print(report.render(plan.run_dir), file=sys.stderr)
+        return out.finish("oom", EXIT_LAUNCH)
+    if failure is not None:
+        raise failure
+    out.say(postmortem.render_peaks(records, postmortem.estimated_peaks(pre.context)))
+    out.data["measured"] = postmortem.measured_peaks(records)
+    return out.finish("finished", EXIT_OK)

@@ -1,0 +1,137 @@
+"""The run directory: where a launch records its config, overrides, provenance, pre-flight and command."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shlex
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from verl_safe_launch.config_view import ConfigView
+from verl_safe_launch.errors import UsageError
+from verl_safe_launch.findings import Finding, has_errors
+from verl_safe_launch.report import findings_json, summary_line
+
+DEFAULT_ROOT = Path("outputs")
+CONFIG_FILE = "config.yaml"
+RUN_FILES = ("config.yaml", "overrides.txt", "provenance.json", "preflight.json", "command.sh")
+# Environment variables that decide where and how a launch runs; command.sh exports them when set.
+LAUNCH_ENV = ("RAY_ADDRESS", "RAY_AUTH_MODE")
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """Everything the run directory records, already rendered to text (except the config)."""
+
+    config_yaml: str
+    overrides: tuple[str, ...]
+    provenance: Mapping[str, Any]
+    preflight: Mapping[str, Any]
+    command: str
+
+
+def auto_run_dir(now: datetime, root: Path = DEFAULT_ROOT) -> Path:
+    """Hydra's convention ``outputs/<date>/<time>``; a suffix keeps two launches in one second apart."""
+    base = root / now.strftime("%Y-%m-%d") / now.strftime("%H-%M-%S")
+    candidate, n = base, 0
+    while is_non_empty(candidate):
+        n += 1
+        candidate = base.with_name(f"{base.name}_{n}")
+    return candidate
+
+
+def prepare_run_dir(path: Path, *, force: bool) -> Path:
+    """Create the run directory; refuse a non-empty one unless forced."""
+    if path.exists() and not path.is_dir():
+        raise UsageError(
+            f"run directory {path} exists and is not a directory", "--run-dir", "choose another path"
+        )
+    if is_non_empty(path) and not force:
+        raise UsageError(
+            f"run directory {path} is not empty",
+            where="--run-dir",
+            fix="choose a new --run-dir, or pass --force to write into it (same-named files are replaced)",
+        )
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def is_non_empty(path: Path) -> bool:
+    """True for an existing directory with anything in it."""
+    return path.is_dir() and any(path.iterdir())
+
+
+def render_config(cfg: Any) -> str:
+    """The resolved config as YAML: what config.yaml holds and what verl's task runner receives."""
+    from omegaconf import OmegaConf
+
+    return str(OmegaConf.to_yaml(cfg, resolve=True, sort_keys=False))
+
+
+def config_digest(text: str) -> str:
+    """SHA-256 of a rendered config."""
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def reproduce_command(args: Sequence[str], cwd: Path, env: Mapping[str, str]) -> str:
+    """A bash script that reruns this launch: same directory, Ray environment, interpreter and arguments."""
+    lines = [
+        "#!/usr/bin/env bash",
+        "# Reruns this launch: same working directory, environment for Ray, interpreter and arguments.",
+        "set -euo pipefail",
+        f"cd {shlex.quote(str(cwd))}",
+    ]
+    lines += [f"export {name}={shlex.quote(env[name])}" for name in LAUNCH_ENV if env.get(name)]
+    command = [sys.executable, "-m", "verl_safe_launch", "run", *args]
+    lines.append(" ".join(shlex.quote(part) for part in command))
+    return "\n".join(lines) + "\n"
+
+
+def write_run_files(run_dir: Path, record: RunRecord) -> None:
+    """Write every run file atomically (a reader never sees a half-written file)."""
+    atomic_write(run_dir / CONFIG_FILE, record.config_yaml)
+    atomic_write(run_dir / "overrides.txt", "".join(f"{text}\n" for text in record.overrides))
+    atomic_write(run_dir / "provenance.json", json_text(record.provenance))
+    atomic_write(run_dir / "preflight.json", json_text(record.preflight))
+    atomic_write(run_dir / "command.sh", record.command, mode=0o755)
+
+
+def json_text(data: Mapping[str, Any]) -> str:
+    """Indented JSON with a final newline."""
+    return json.dumps(data, indent=2, default=str) + "\n"
+
+
+def atomic_write(path: Path, text: str, mode: int = 0o644) -> None:
+    """Write to a temporary file in the same directory, then rename it over ``path``."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def provenance_json(view: ConfigView) -> dict[str, Any]:
+    """Every leaf's value, source and the values it replaced (the data behind ``show --origin``)."""
+    return {"schema": 1, "keys": [prov.to_json() for prov in view.provenance.values()]}
+
+
+def preflight_json(findings: Sequence[Finding], forced: Sequence[str]) -> dict[str, Any]:
+    """The pre-flight outcome, and why the launch went ahead anyway when it was forced."""
+    return {
+        "schema": 1,
+        "summary": summary_line(findings),
+        "ok": not has_errors(list(findings)),
+        "forced": list(forced),
+        "findings": findings_json(findings),
+    }

@@ -1,0 +1,178 @@
+"""Hand the validated config to verl: its own validation, Ray start or attach, resource checks, ``run_ppo``."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import os
+import socket
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from verl_safe_launch.errors import LaunchError
+from verl_safe_launch.hooks import RUN_DIR_ENV
+from verl_safe_launch.launch.plan import LaunchBlocked, LaunchPlan
+from verl_safe_launch.launch.rundir import CONFIG_FILE, config_digest, render_config
+from verl_safe_launch.resources import CpuNeed, GpuNeed
+
+RUNNER_RECORD = "task_runner.json"
+
+
+def validate_with_verl(cfg: Any) -> None:
+    """``auto_set_device`` then ``validate_config``, exactly as verl's ``main()`` calls them."""
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+    from verl.utils.device import auto_set_device
+
+    try:
+        with contextlib.redirect_stdout(sys.stderr):  # verl prints progress; stdout is the report
+            auto_set_device(cfg)
+            validate_config(
+                config=cfg,
+                use_reference_policy=need_reference_policy(cfg),
+                use_critic=need_critic(cfg),
+            )
+    except Exception as exc:
+        raise LaunchBlocked(
+            f"verl's validate_config rejected the config: {cause_line(exc)}",
+            where="verl.utils.config.validate_config, called as verl's main() calls it",
+            fix="run 'verl-safe-launch check' with the same arguments to see every problem with its fix",
+        ) from None
+
+
+def cause_line(exc: BaseException) -> str:
+    """The root cause in one line: a Ray task error's original exception, type and first line."""
+    cause = getattr(exc, "cause", None)
+    if isinstance(cause, BaseException):
+        exc = cause
+    text = str(exc).strip()
+    first = text.splitlines()[0] if text else "(no message)"
+    return f"{type(exc).__name__}: {first}"
+
+
+def local_gpu_count() -> int:
+    """CUDA devices visible to this process (0 on a machine without GPUs)."""
+    import torch
+
+    return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
+
+
+def start_ray(plan: LaunchPlan) -> bool:
+    """Start a local Ray or attach to the planned cluster; False when this process already had Ray up."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    os.environ["RAY_AUTH_MODE"] = plan.auth_mode
+    try:
+        ray.init(**plan.init_kwargs)
+    except Exception as exc:
+        where = plan.address or "local Ray"
+        raise LaunchError(
+            f"could not {'attach to' if plan.address else 'start'} Ray: {cause_line(exc)}",
+            where=f"{where} ({plan.address_source}); run directory {plan.run_dir}",
+            fix=_ray_fix(exc),
+        ) from None
+    return True
+
+
+def _ray_fix(exc: BaseException) -> str:
+    if "Authentication" in type(exc).__name__ or "auth" in str(exc).lower():
+        return (
+            "use the cluster's auth mode everywhere: RAY_AUTH_MODE=token with the cluster's token "
+            "(RAY_AUTH_TOKEN or ~/.ray/auth_token), or RAY_AUTH_MODE=disabled on every node"
+        )
+    return "check RAY_ADDRESS / ray_kwargs.ray_init.address, or unset both to start a local Ray"
+
+
+def check_gpus(need: GpuNeed, resources: Mapping[str, float], where: str) -> LaunchError | None:
+    """An error naming both numbers when the cluster has fewer GPUs than the config's pools need."""
+    have = int(resources.get("GPU", 0))
+    if have >= need.total:
+        return None
+    return LaunchError(
+        f"the Ray cluster has {have} GPUs; the config needs {need.describe()}",
+        where=where,
+        fix="attach to a cluster with enough GPUs (RAY_ADDRESS), or lower trainer.n_gpus_per_node / trainer.nnodes",
+    )
+
+
+def check_cpus(need: CpuNeed, resources: Mapping[str, float], where: str) -> LaunchError | None:
+    """An error naming both numbers when the cluster has fewer CPUs than the run reserves (it would hang)."""
+    have = int(resources.get("CPU", 0))
+    if have >= need.total:
+        return None
+    return LaunchError(
+        f"the Ray cluster has {have} CPUs; this run reserves {need.describe()} and would wait forever",
+        where=where,
+        fix=f"start Ray with --num-cpus={need.total} or more on the head node (logical CPUs: oversubscribing is fine)",
+    )
+
+
+def cluster_resources() -> dict[str, float]:
+    """Total resources of the connected Ray cluster."""
+    import ray
+
+    return dict(ray.cluster_resources())  # type: ignore[no-untyped-call]
+
+
+def observed_runner(task_runner: str) -> Any:
+    """verl's task runner (V1 or v0) as a Ray actor that first records the config it received."""
+    import ray
+
+    module_name, _, name = task_runner.rpartition(".")
+    base = getattr(importlib.import_module(module_name), name).__ray_actor_class__
+
+    def run(self: Any, config: Any) -> Any:
+        record_received_config(config, name)
+        return base.run(self, config)
+
+    cls = type(f"Observed{name}", (base,), {"run": run, "__module__": __name__})
+    return ray.remote(cls)
+
+
+def record_received_config(config: Any, runner: str) -> None:
+    """Inside the task runner: write the digest of the config it received next to config.yaml."""
+    run_dir = os.environ.get(RUN_DIR_ENV)
+    if not run_dir:
+        return
+    digest = config_digest(render_config(config))
+    expected = Path(run_dir) / CONFIG_FILE
+    on_disk = config_digest(expected.read_text()) if expected.is_file() else None
+    record = {
+        "task_runner": runner,
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "config_sha256": digest,
+        "matches_config_yaml": digest == on_disk,
+    }
+    with contextlib.suppress(OSError):  # the run directory may not be shared with this node
+        (Path(run_dir) / RUNNER_RECORD).write_text(json.dumps(record, indent=2) + "\n")
+
+
+def submit(cfg: Any, plan: LaunchPlan) -> None:
+    """``run_ppo`` with verl's task runner; any failure becomes a one-line LaunchError naming the run directory."""
+    from verl.trainer.main_ppo import run_ppo
+
+    runner = observed_runner(plan.task_runner)
+    try:
+        run_ppo(cfg, task_runner_class=runner)
+    except Exception as exc:
+        raise LaunchError(
+            f"the launch failed: {cause_line(exc)}",
+            where=f"run directory {plan.run_dir}",
+            fix="the run directory holds the config, the command and the memory records; "
+            "Ray's logs are under its session directory",
+        ) from None
+
+
+def stop_ray(started: bool) -> None:
+    """Shut down the Ray this process started (never anything else)."""
+    if not started:
+        return
+    import ray
+
+    ray.shutdown()
