@@ -1,0 +1,339 @@
+"""``slurm``: pre-flight for the allocation, then write (and optionally submit) a multi-node Ray job."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from verl_safe_launch.cli._common import (
+    add_compose_args,
+    compose_from_args,
+    make_parser,
+    override_positions,
+    parse,
+    print_json,
+)
+from verl_safe_launch.compose import Composed, ComposeRequest
+from verl_safe_launch.config_view import ConfigView
+from verl_safe_launch.errors import EXIT_OK, EXIT_PREFLIGHT, LaunchError, UsageError
+from verl_safe_launch.findings import Finding, Severity, has_errors
+from verl_safe_launch.hardware import DETECT_ENV, HardwareProfile, detect_hardware, hardware_fills
+from verl_safe_launch.launch import slurm
+from verl_safe_launch.overrides import OverrideToken, cli_tokens, split_tool_tokens
+from verl_safe_launch.preflight import run_preflight
+from verl_safe_launch.presets import compose_with_preset
+from verl_safe_launch.provenance import Layer, Source
+from verl_safe_launch.report import findings_json, render_findings_text
+
+EXAMPLES = """\
+  verl-safe-launch slurm --nodes 1 --gpus-per-node 6 --partition gpu --time 24:00:00 \\
+      -c launch_examples/grpo_6gpu.yaml trainer.total_epochs=3 -o grpo.sbatch
+  verl-safe-launch slurm --nodes 2 --gpus-per-node 8 --setup 'module load cuda/12.4' \\
+      --setup 'source ~/venvs/verl/bin/activate' preset=cluster ... -o job.sbatch --submit
+  verl-safe-launch slurm --nodes 1 --gpus-per-node 2 --run-arg=--dry-run -c my.yaml -o try.sbatch
+
+inside the job, the script itself runs:
+  verl-safe-launch slurm preflight -c JOB.yaml          the pre-flight against the Slurm allocation
+  verl-safe-launch slurm wait-ray --address ADDR HOST...  wait until every node's Ray has joined
+"""
+IN_JOB_EXAMPLES = """\
+  verl-safe-launch slurm preflight -c job.yaml
+  verl-safe-launch slurm wait-ray --address 10.0.0.1:6379 --timeout 600 node001 node002
+"""
+
+
+def main(args: Sequence[str], offset: int) -> int:
+    """Run ``slurm`` (or one of the steps the generated job runs inside its allocation)."""
+    if args and args[0] in IN_JOB:
+        return IN_JOB[args[0]](args[1:], offset + 1)
+    return _write_job(args, offset)
+
+
+# --- writing the job -----------------------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = make_parser(
+        "slurm",
+        "Pre-flight the config for NODES × GPUS, then write an sbatch script (and the YAML it runs) that "
+        "brings up Ray on every allocated node and runs the launch on the head node.",
+        EXAMPLES,
+    )
+    job = parser.add_argument_group("the allocation (#SBATCH lines)")
+    job.add_argument("--nodes", type=int, default=1, metavar="N", help="nodes (default 1)")
+    job.add_argument("--gpus-per-node", type=int, required=True, metavar="G", help="GPUs on every node")
+    job.add_argument(
+        "--cpus-per-task",
+        type=int,
+        metavar="C",
+        help="CPUs per node, all of them Ray's (default: the Ray CPUs this run reserves per node)",
+    )
+    for flag in ("--mem", "--time", "--partition", "--account", "--qos"):
+        job.add_argument(flag, help=f"sbatch {flag}")
+    job.add_argument("--job-name", default="verl", help="sbatch --job-name (default verl)")
+    job.add_argument("--output", help="sbatch --output (default JOB-%%j.out beside the script)")
+    nodes = parser.add_argument_group("on the nodes")
+    nodes.add_argument(
+        "--setup",
+        action="append",
+        default=[],
+        metavar="LINE",
+        help="a shell line every step runs on its node first (module load, source venv/bin/activate); "
+        "repeatable, in order",
+    )
+    nodes.add_argument("--container", metavar="IMAGE", help="run every step inside this image")
+    nodes.add_argument(
+        "--container-runtime", choices=slurm.RUNTIMES, default="apptainer", help="(default apptainer)"
+    )
+    nodes.add_argument(
+        "--run-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="an extra option of 'verl-safe-launch run' in the job, e.g. --run-arg=--dry-run; repeatable",
+    )
+    nodes.add_argument(
+        "--join-timeout",
+        type=int,
+        default=slurm.DEFAULT_JOIN_TIMEOUT_S,
+        metavar="SECONDS",
+        help="fail when Ray is not up on every node within this time (default %(default)s)",
+    )
+    out = parser.add_argument_group("the files")
+    out.add_argument("-o", "--script", required=True, type=Path, metavar="JOB.sbatch", help="script to write")
+    out.add_argument("--submit", action="store_true", help="submit it with sbatch and print the job id")
+    out.add_argument("--force", action="store_true", help="overwrite JOB.sbatch and JOB.yaml")
+    add_compose_args(parser)
+    return parser
+
+
+def _write_job(args: Sequence[str], offset: int) -> int:
+    ns = parse(_parser(), args)
+    script = ns.script.absolute()
+    config = _config_path(script)
+    composed, profile = _compose(ns, args, offset)
+    pre = run_preflight(composed, profile)
+    cpus, cpu_finding = _cpus_per_task(composed.view, ns.cpus_per_task, ns.nodes)
+    findings = [*pre.findings, *([cpu_finding] if cpu_finding else [])]
+    spec = _spec(ns, script, config, cpus, slurm.argv_overrides(composed))
+    slurm.validate_spec(spec)
+    if has_errors(findings):
+        _report(ns, findings, {"status": "preflight-failed"})
+        return EXIT_PREFLIGHT
+    _refuse_overwrite((script, config), ns.force)
+    values = slurm.user_layer(composed.view)
+    _write_files(
+        {config: (slurm.render_user_yaml(values), 0o644), script: (slurm.render_sbatch(spec), 0o755)}
+    )
+    result: dict[str, object] = {"status": "written", "script": str(script), "config": str(config)}
+    text = [
+        f"wrote {script} ({ns.nodes} node(s) × {ns.gpus_per_node} GPUs, --cpus-per-task={cpus})",
+        f"wrote {config} ({len(values)} values: the config the job runs)",
+    ]
+    if ns.submit:
+        result["job_id"] = _submit(script)
+        text.append(f"submitted batch job {result['job_id']}")
+    else:
+        text.append(f"submit with: sbatch {script}")
+    _report(ns, findings, result, text)
+    return EXIT_OK
+
+
+def _config_path(script: Path) -> Path:
+    config = script.with_suffix(".yaml")
+    if config == script:
+        raise UsageError(
+            f"-o {script.name}: the script would overwrite the YAML it runs",
+            where="command line (-o)",
+            fix="name the script JOB.sbatch; JOB.yaml is written beside it",
+        )
+    return config
+
+
+def _compose(ns: argparse.Namespace, args: Sequence[str], offset: int) -> tuple[Composed, HardwareProfile]:
+    """Compose for the declared allocation only: nothing is read from the machine this runs on."""
+    overrides = list(ns.overrides)
+    for text in overrides:
+        if text.split("=", 1)[0] in ("hardware.nodes", "hardware.gpus_per_node"):
+            raise UsageError(
+                f"'{text}': the allocation is given with --nodes and --gpus-per-node",
+                where="command line",
+                fix="drop it and pass --nodes / --gpus-per-node",
+            )
+    tokens = cli_tokens(overrides, override_positions(args, overrides, offset))
+    tokens += tuple(
+        _option_token(args, offset, flag, f"hardware.{name}={value}")
+        for flag, name, value in (
+            ("--nodes", "nodes", ns.nodes),
+            ("--gpus-per-node", "gpus_per_node", ns.gpus_per_node),
+        )
+    )
+    tool_profile = detect_hardware(split_tool_tokens(tokens)[1], env={DETECT_ENV: "0"})
+    request = ComposeRequest(
+        overrides=tokens,
+        config_files=tuple(Path(p) for p in ns.config),
+        fills=hardware_fills(tool_profile),
+    )
+    return compose_with_preset(request, tool_profile), tool_profile
+
+
+def _option_token(args: Sequence[str], offset: int, flag: str, text: str) -> OverrideToken:
+    index = next((i for i, a in enumerate(args) if a == flag or a.startswith(flag + "=")), None)
+    position = None if index is None else index + 1 + offset
+    value = text.split("=", 1)[1]
+    raw = f"{flag} {value}" if index is not None else f"{flag} {value}, the default"
+    return OverrideToken(text, Source(Layer.CLI, arg_index=position, raw=raw))
+
+
+def _cpus_per_task(view: ConfigView, given: int | None, nodes: int) -> tuple[int, Finding | None]:
+    """CPUs per node for Ray: what the run reserves per node by default; refuse fewer when given."""
+    from verl_safe_launch.resources import cpu_need, gpu_need
+
+    need = cpu_need(view, gpu_need(view))
+    bundles = math.ceil(need.gpu_bundles / nodes)
+    per_node = bundles + need.transfer_queue + need.headroom
+    if given is None:
+        return per_node, None
+    if given >= bundles and given * nodes >= need.total:
+        return given, None
+    return given, Finding(
+        "slurm-ray-cpus",
+        Severity.ERROR,
+        ("trainer.n_gpus_per_node",),
+        f"--cpus-per-task {given} gives Ray {given} CPUs per node, but this run reserves "
+        f"{need.describe()} Ray CPUs, {bundles} of them on every node; verl would wait forever for them",
+        f"--cpus-per-task {per_node} (or leave it out: that is the default)",
+        (("--cpus-per-task", given, Source(Layer.CLI, raw=f"--cpus-per-task {given}")),),
+    )
+
+
+def _spec(
+    ns: argparse.Namespace, script: Path, config: Path, cpus: int, overrides: tuple[str, ...]
+) -> slurm.SlurmSpec:
+    stem = script.parent / script.stem
+    container = slurm.Container(ns.container, ns.container_runtime) if ns.container else None
+    return slurm.SlurmSpec(
+        nodes=ns.nodes,
+        gpus_per_node=ns.gpus_per_node,
+        config=str(config),
+        log_root=f"{stem}-logs",
+        job_name=ns.job_name,
+        cpus_per_task=cpus,
+        mem=ns.mem,
+        time=ns.time,
+        partition=ns.partition,
+        account=ns.account,
+        qos=ns.qos,
+        output=ns.output or f"{stem}-%j.out",
+        setup=tuple(ns.setup),
+        container=container,
+        overrides=overrides,
+        run_args=tuple(ns.run_arg),
+        join_timeout_s=ns.join_timeout,
+    )
+
+
+def _refuse_overwrite(paths: Sequence[Path], force: bool) -> None:
+    existing = [p for p in paths if p.exists()]
+    if existing and not force:
+        raise UsageError(
+            f"{existing[0]} already exists",
+            where="command line (-o)",
+            fix="pass --force to overwrite it, or choose another -o",
+        )
+
+
+def _write_files(files: dict[Path, tuple[str, int]]) -> None:
+    """Write every file or none: each goes to a temporary name first, then all are renamed."""
+    staged: list[tuple[Path, Path]] = []
+    try:
+        for path, (text, mode) in files.items():
+            tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+            staged.append((tmp, path))
+            tmp.write_text(text)
+            tmp.chmod(mode)
+    except OSError as exc:
+        for tmp, _ in staged:
+            tmp.unlink(missing_ok=True)
+        raise UsageError(f"cannot write {exc.filename}: {exc.strerror}", where="command line (-o)") from None
+    for tmp, path in staged:
+        tmp.replace(path)
+
+
+def _submit(script: Path) -> str:
+    sbatch = shutil.which("sbatch")
+    if sbatch is None:
+        raise UsageError(
+            "sbatch is not on PATH, so the job was written but not submitted",
+            where="--submit",
+            fix=f"submit it on a Slurm login node: sbatch {script}",
+        )
+    done = subprocess.run([sbatch, "--parsable", str(script)], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        detail = (done.stderr.strip() or done.stdout.strip()).splitlines()
+        raise LaunchError(
+            f"sbatch refused the job: {detail[-1] if detail else f'exit status {done.returncode}'}",
+            where=f"sbatch --parsable {script}",
+            fix="fix the #SBATCH options (partition, account, time) and run sbatch again",
+        )
+    return done.stdout.strip().split(";", 1)[0]
+
+
+def _report(
+    ns: argparse.Namespace, findings: Sequence[Finding], result: dict[str, object], text: Sequence[str] = ()
+) -> None:
+    if ns.format == "json":
+        print_json({**result, "findings": findings_json(findings)})
+        return
+    print(render_findings_text(findings), end="")
+    if result.get("status") == "preflight-failed":
+        print("Nothing was written: the config cannot run on this allocation.")
+    for line in text:
+        print(line)
+
+
+# --- inside the job ----------------------------------------------------------------------------------------
+
+
+def _preflight(args: Sequence[str], offset: int) -> int:
+    """The pre-flight against the allocation this runs in (Slurm environment, nvidia-smi)."""
+    from verl_safe_launch.launch.slurm_job import allocation_lines
+
+    parser = make_parser("slurm preflight", "The pre-flight against the Slurm allocation.", IN_JOB_EXAMPLES)
+    add_compose_args(parser)
+    ns = parse(parser, args)
+    composed = compose_from_args(ns, args, offset)
+    profile = detect_hardware(composed.tool)
+    pre = run_preflight(composed, profile)
+    if ns.format == "json":
+        print_json({"ok": pre.ok, "findings": findings_json(pre.findings)})
+    else:
+        print("\n".join(allocation_lines(composed.view, profile, os.environ)))
+        print(render_findings_text(pre.findings), end="")
+    sys.stdout.flush()
+    return EXIT_OK if pre.ok else EXIT_PREFLIGHT
+
+
+def _wait_ray(args: Sequence[str], offset: int) -> int:
+    """Wait until every host's Ray node has joined the job's cluster, or name the ones missing."""
+    from verl_safe_launch.launch import slurm_job
+
+    parser = make_parser("slurm wait-ray", "Wait until every node's Ray has joined.", IN_JOB_EXAMPLES)
+    parser.add_argument("--address", required=True, help="the Ray head's GCS address (host:port)")
+    parser.add_argument("--timeout", type=float, default=slurm.DEFAULT_JOIN_TIMEOUT_S, help="seconds")
+    parser.add_argument("hosts", nargs="+", metavar="HOST", help="the Slurm node names (Ray node names)")
+    ns = parse(parser, args)
+    result = slurm_job.wait_for_nodes(ns.hosts, slurm_job.ray_node_lister(ns.address), ns.timeout)
+    if result.missing:
+        raise slurm_job.missing_error(result, ns.hosts, ns.timeout)
+    print(slurm_job.joined_line(result, ns.hosts), flush=True)
+    return EXIT_OK
+
+
+IN_JOB: dict[str, Callable[[Sequence[str], int], int]] = {"preflight": _preflight, "wait-ray": _wait_ray}
