@@ -5,8 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from verl_safe_launch.architecture import Architecture, load_architecture
+from verl_safe_launch.audit import audit
 from verl_safe_launch.compose import Composed
 from verl_safe_launch.findings import Finding, has_errors
+from verl_safe_launch.hardware import HardwareProfile, as_profile, detect_hardware, hardware_findings
+from verl_safe_launch.memory_checks import memory_findings
+from verl_safe_launch.presets import preset_findings
 from verl_safe_launch.rules import HardwareFacts, RuleContext, run_rules
 
 
@@ -26,19 +30,8 @@ class Preflight:
 
 
 def hardware_from_tokens(composed: Composed) -> HardwareFacts:
-    """Hardware facts from explicit ``hardware.*`` tokens only."""
-    hw = composed.tool.hardware
-
-    def num(name: str) -> float | None:
-        return float(hw[name][0]) if name in hw else None
-
-    nodes, gpus, mem = num("nodes"), num("gpus_per_node"), num("gpu_memory_gb")
-    return HardwareFacts(
-        nodes=int(nodes) if nodes is not None else None,
-        gpus_per_node=int(gpus) if gpus is not None else None,
-        gpu_memory_gb=mem,
-        gpu_name=hw["gpu_name"][0] if "gpu_name" in hw else None,
-    )
+    """Hardware facts: ``hardware.*`` tokens, then a Slurm allocation, then nvidia-smi."""
+    return detect_hardware(composed.tool).facts()
 
 
 def rule_context(composed: Composed, hardware: HardwareFacts | None = None) -> RuleContext:
@@ -49,9 +42,14 @@ def rule_context(composed: Composed, hardware: HardwareFacts | None = None) -> R
     return RuleContext(view, actor, critic, hardware or hardware_from_tokens(composed))
 
 
-def run_preflight(composed: Composed, hardware: HardwareFacts | None = None) -> Preflight:
+def run_preflight(composed: Composed, hardware: HardwareFacts | HardwareProfile | None = None) -> Preflight:
     """Run every pre-flight stage on a composed config and collect all findings."""
-    ctx = rule_context(composed, hardware)
+    profile = as_profile(composed.tool, hardware)
+    ctx = rule_context(composed, profile.facts())
     findings: list[Finding] = []
+    findings.extend(audit(composed))
+    findings.extend(preset_findings(composed, profile))
+    findings.extend(hardware_findings(composed.view, profile))
     findings.extend(run_rules(ctx))
+    findings.extend(memory_findings(ctx))
     return Preflight(composed, tuple(findings), ctx)

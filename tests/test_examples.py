@@ -1,0 +1,53 @@
+"""Every bundled example runs through the pre-flight, and the README's main job runs as written."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from conftest import EXAMPLES, ROOT, CliResult
+
+# Extra arguments each example needs (an example written for a preset names it here).
+EXAMPLE_ARGS: dict[str, list[str]] = {
+    "grpo_6gpu.yaml": [],
+    "grpo_preset.yaml": [
+        "preset=auto",
+        "hardware.nodes=1",
+        "hardware.gpus_per_node=6",
+        "hardware.gpu_memory_gb=80",
+    ],
+}
+
+
+def test_every_example_is_listed() -> None:
+    assert sorted(p.name for p in EXAMPLES.glob("*.yaml")) == sorted(EXAMPLE_ARGS)
+
+
+@pytest.mark.parametrize("name", sorted(EXAMPLE_ARGS))
+def test_example_passes_check(cli: Callable[..., CliResult], name: str) -> None:
+    result = cli("check", "-c", str(EXAMPLES / name), *EXAMPLE_ARGS[name])
+    assert result.code == 0, result.out + result.err
+    assert "GO: 0 errors" in result.out
+
+
+def _readme_main_job() -> list[str]:
+    readme = (ROOT / "README.md").read_text()
+    match = re.search(
+        r"^bash \.ci/setup-venv && \.venv/bin/verl-safe-launch (.*?)\s+# the main job", readme, re.M
+    )
+    assert match, "the README's main-job command line is missing"
+    return match.group(1).split()
+
+
+@pytest.mark.slow
+def test_readme_main_job_runs_the_whole_pipeline(cli: Callable[..., CliResult], tmp_path: Path) -> None:
+    """No GPU here: the main job ends with the dry-run plan and exit 0 (the launch itself needs GPUs)."""
+    args = [a.replace("launch_examples/", f"{EXAMPLES}/") for a in _readme_main_job()]
+    result = cli(*args, "--run-dir", str(tmp_path / "run"))
+    assert result.code == 0, result.out + result.err
+    assert "preset=auto chose medium" in result.out
+    assert "adapted trainer.n_gpus_per_node from 8 to 6" in result.out
+    assert "No GPU on this machine: the pre-flight passed and nothing was started." in result.out
+    assert (tmp_path / "run" / "config.yaml").is_file()
