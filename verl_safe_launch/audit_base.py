@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -86,17 +85,6 @@ def audit_rule(rule_id: str, description: str) -> Callable[[AuditCheck], AuditCh
         return fn
 
     return register
-
-
-def fmt(value: object) -> str:
-    """A value as it would be written in an override."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, list | dict):
-        return json.dumps(value)
-    return str(value)
 
 
 def short(source: Source) -> str:

@@ -6,8 +6,9 @@ import difflib
 import itertools
 
 from verl_safe_launch.aliases import covered
-from verl_safe_launch.audit_base import AuditContext, audit_rule, finding, fmt, position, short
+from verl_safe_launch.audit_base import AuditContext, audit_rule, finding, position, short
 from verl_safe_launch.compose import Rejected
+from verl_safe_launch.config_view import format_value as fmt
 from verl_safe_launch.findings import Finding, Severity
 from verl_safe_launch.keytypes import names_read_with_get
 from verl_safe_launch.overlay import config_groups

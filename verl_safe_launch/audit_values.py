@@ -15,7 +15,8 @@ from verl_safe_launch.aliases import (
     matches,
 )
 from verl_safe_launch.aliases import yaml_deprecations as _yaml_deprecations
-from verl_safe_launch.audit_base import ARR, AuditContext, audit_rule, finding, fmt, short
+from verl_safe_launch.audit_base import ARR, AuditContext, audit_rule, finding, short
+from verl_safe_launch.config_view import format_value as fmt
 from verl_safe_launch.config_view import is_missing
 from verl_safe_launch.findings import Finding, Severity
 from verl_safe_launch.keytypes import TypeSpec

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -83,3 +84,14 @@ def layer_of(view: ConfigView, key: str) -> Layer | None:
     """The layer that set the final value of ``key``."""
     prov = view.provenance.get(key)
     return prov.source.layer if prov else None
+
+
+def format_value(value: Any) -> str:
+    """A value as a user writes it in YAML or an override: ``null``, ``true``, ``8``, ``["a", "b"]``."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list | dict):
+        return json.dumps(value)
+    return str(value)

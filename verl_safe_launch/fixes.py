@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from verl_safe_launch.config_view import format_value as fmt
+
 MAX_LISTED = 24
 
 
@@ -59,15 +61,6 @@ class KeyFix:
             return f"{head} (valid: {shown}{more})"
         rest = self.values[1:]
         return f"{head} (or {', '.join(fmt(v) for v in rest)})" if rest else head
-
-
-def fmt(value: object) -> str:
-    """A value as written in an override: ``true``, ``null``, ``8``."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)
 
 
 def set_fix(key: str, value: object, extra: tuple[str, ...] = ()) -> KeyFix:

@@ -6,20 +6,13 @@ import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from verl_safe_launch.config_view import format_value as _format
 from verl_safe_launch.findings import Finding, Severity, sort_findings
 
 if TYPE_CHECKING:
     from rich.text import Text
 
 JSON_SCHEMA_VERSION = 1
-
-
-def _format(value: object) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)
 
 
 def render_finding(finding: Finding) -> str:

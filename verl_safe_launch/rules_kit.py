@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from verl_safe_launch.batch import BatchPlan, batch_plan, pos_int
 from verl_safe_launch.config_view import ConfigView
+from verl_safe_launch.config_view import format_value as show
 from verl_safe_launch.findings import Finding, Severity
 from verl_safe_launch.fixes import KeyFix, render_fix
 from verl_safe_launch.provenance import Source
@@ -74,15 +74,6 @@ def not_positive(view: ConfigView, keys: Sequence[str]) -> list[Draft]:
         return []
     shown = ", ".join(f"{k}={show(view.get(k))}" for k in bad)
     return [skipped(bad, f"{shown} is not a positive integer")]
-
-
-def show(value: Any) -> str:
-    """A value as a user would write it in an override."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)
 
 
 def kv(view: ConfigView, key: str) -> str:

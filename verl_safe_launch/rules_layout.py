@@ -19,9 +19,10 @@ from verl_safe_launch.batch import (
     product,
 )
 from verl_safe_launch.config_view import ConfigView
+from verl_safe_launch.config_view import format_value as show
 from verl_safe_launch.fixes import KeyFix, divisors, largest_first_at_most, set_fix
 from verl_safe_launch.rules import RuleContext
-from verl_safe_launch.rules_kit import Draft, check, kv, plan, show, skipped
+from verl_safe_launch.rules_kit import Draft, check, kv, plan, skipped
 
 INIT = "verl only finds out when the workers build the models"
 FIRST_STEP = "verl only finds out at the first training step"

@@ -16,9 +16,10 @@ from verl_safe_launch.batch import (
     product,
 )
 from verl_safe_launch.config_view import ConfigView, is_missing
+from verl_safe_launch.config_view import format_value as show
 from verl_safe_launch.fixes import KeyFix, divisors, largest_first_at_most, set_fix
 from verl_safe_launch.rules import RuleContext
-from verl_safe_launch.rules_kit import Draft, check, kv, not_positive, plan, show, skipped
+from verl_safe_launch.rules_kit import Draft, check, kv, not_positive, plan, skipped
 
 R = f"{ARR}.rollout"
 LAYOUT = (ROLLOUT_TP, ROLLOUT_DP, ROLLOUT_PP)

@@ -28,9 +28,10 @@ from verl_safe_launch.batch import (
     pos_int,
 )
 from verl_safe_launch.config_view import ConfigView
+from verl_safe_launch.config_view import format_value as show
 from verl_safe_launch.fixes import KeyFix, divisor_fix, set_fix
 from verl_safe_launch.rules import RuleContext
-from verl_safe_launch.rules_kit import Draft, check, is_true, kv, not_positive, plan, show
+from verl_safe_launch.rules_kit import Draft, check, is_true, kv, not_positive, plan
 
 SUGGESTED_MICRO = 4
 STOPS = "verl's validate_config stops here"

@@ -90,14 +90,3 @@ def print_json(data: Any) -> None:
     """Deterministic JSON on stdout."""
     json.dump(data, sys.stdout, indent=2, sort_keys=False, default=str)
     sys.stdout.write("\n")
-
-
-def format_value(value: Any) -> str:
-    """A value as a user would write it in YAML or an override."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, list | dict):
-        return json.dumps(value)
-    return str(value)

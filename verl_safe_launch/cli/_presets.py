@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from verl_safe_launch.cli._common import add_format_arg, format_value, make_parser, parse, print_json
+from verl_safe_launch.cli._common import add_format_arg, make_parser, parse, print_json
 from verl_safe_launch.compose import available_presets
+from verl_safe_launch.config_view import format_value
 from verl_safe_launch.errors import UsageError
 from verl_safe_launch.hardware import detect_hardware
 from verl_safe_launch.overrides import ToolSettings

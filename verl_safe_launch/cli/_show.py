@@ -4,15 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from verl_safe_launch.cli._common import (
-    add_compose_args,
-    compose_from_args,
-    format_value,
-    make_parser,
-    parse,
-    print_json,
-)
-from verl_safe_launch.config_view import ConfigView
+from verl_safe_launch.cli._common import add_compose_args, compose_from_args, make_parser, parse, print_json
+from verl_safe_launch.config_view import ConfigView, format_value
 from verl_safe_launch.errors import UsageError
 from verl_safe_launch.provenance import Provenance
 

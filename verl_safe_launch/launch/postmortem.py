@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from verl_safe_launch.config_view import format_value as _fmt
 from verl_safe_launch.hook_stages import STAGE_BY_NAME
 from verl_safe_launch.rules import RuleContext
 
@@ -76,12 +77,6 @@ class OomReport:
         )
         lines.append(f"  run directory: {run_dir}")
         return "\n".join(lines)
-
-
-def _fmt(value: object) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return "null" if value is None else str(value)
 
 
 def _settings(settings: object) -> str:
