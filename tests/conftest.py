@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
 import json
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,3 +109,18 @@ def make_tiny_model(path: Path, **config: object) -> Path:
 def tiny_model(tmp_path: Path) -> Path:
     """A tiny model directory (config.json + tokenizer) made in the test's temp dir."""
     return make_tiny_model(tmp_path / "tiny-model")
+
+
+def check_golden(name: str, actual: str) -> None:
+    """Compare with ``tests/golden/NAME``; on mismatch print the diff and how to accept (VSL_UPDATE_GOLDEN=1)."""
+    path = GOLDEN / name
+    if os.environ.get("VSL_UPDATE_GOLDEN") == "1":
+        path.write_text(actual)
+    expected = path.read_text() if path.exists() else ""
+    if actual != expected:
+        diff = "".join(
+            difflib.unified_diff(expected.splitlines(True), actual.splitlines(True), str(path), "actual")
+        )
+        pytest.fail(
+            f"{name} differs from its golden file:\n{diff}\naccept with: VSL_UPDATE_GOLDEN=1 pytest tests/"
+        )

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import difflib
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import yaml
-from conftest import DATA, GOLDEN
+from conftest import DATA, check_golden
 
 from verl_safe_launch.aliases import ALIASES, IGNORED, covered, yaml_deprecations
 from verl_safe_launch.audit import AUDIT_RULES, audit, script_findings
@@ -354,14 +352,4 @@ def test_golden_audit_of_the_ppo_critic_script() -> None:
     launch = read_script(SCRIPTS / "ppo_critic.sh")[0]
     text = render_findings_text(audit(OVERLAY.compose(launch.request())) + script_findings(launch))
     text = text.replace(str(SCRIPTS), "tests/data/scripts")
-    golden = GOLDEN / "audit_ppo_critic.txt"
-    if os.environ.get("VSL_UPDATE_GOLDEN") == "1":
-        golden.write_text(text)
-    expected = golden.read_text()
-    if text != expected:
-        diff = "".join(
-            difflib.unified_diff(expected.splitlines(True), text.splitlines(True), "golden", "now")
-        )
-        pytest.fail(
-            f"the audit report differs from {golden}:\n{diff}\naccept with: VSL_UPDATE_GOLDEN=1 pytest {__file__}"
-        )
+    check_golden("audit_ppo_critic.txt", text)

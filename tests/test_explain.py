@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import difflib
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Callable
 
 import pytest
-from conftest import EXAMPLES, GOLDEN, ROOT, CliResult
+from conftest import EXAMPLES, ROOT, CliResult, check_golden
 
 GRPO = ["algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.name=vllm"]
 GOLDEN_CASES = {
@@ -63,26 +61,11 @@ GOLDEN_CASES = {
 }
 
 
-def check_golden(name: str, actual: str) -> None:
-    """Compare with tests/golden/NAME.txt; VSL_UPDATE_GOLDEN=1 rewrites it."""
-    path = GOLDEN / f"{name}.txt"
-    if os.environ.get("VSL_UPDATE_GOLDEN") == "1":
-        path.write_text(actual)
-    expected = path.read_text() if path.exists() else ""
-    if actual != expected:
-        diff = "".join(
-            difflib.unified_diff(expected.splitlines(True), actual.splitlines(True), str(path), "actual")
-        )
-        pytest.fail(
-            f"{name} differs from its golden file:\n{diff}\naccept with: VSL_UPDATE_GOLDEN=1 pytest {__file__}"
-        )
-
-
 @pytest.mark.parametrize("name", list(GOLDEN_CASES))
 def test_golden_walk(cli: Callable[..., CliResult], name: str) -> None:
     result = cli("explain", *GOLDEN_CASES[name])
     assert result.code == 0, result.err
-    check_golden(name, result.out.replace(str(ROOT) + "/", ""))
+    check_golden(f"{name}.txt", result.out.replace(str(ROOT) + "/", ""))
 
 
 @pytest.mark.parametrize(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import os
 import re
 import subprocess
@@ -12,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import DATA, GOLDEN, CliResult
+from conftest import DATA, CliResult, check_golden
 
 from verl_safe_launch.errors import UsageError
 from verl_safe_launch.launch.slurm import Container, SlurmSpec, render_sbatch, sbatch_options
@@ -31,22 +30,6 @@ SPEC_4X8 = SlurmSpec(
     setup=("module load cuda/12.4", "source ~/venvs/verl/bin/activate"),
 )
 SMALL = DATA / "slurm" / "grpo_small.yaml"
-ACCEPT = "VSL_ACCEPT_GOLDEN"
-
-
-def check_golden(name: str, text: str) -> None:
-    """Compare with tests/golden/NAME; print a diff and how to accept it on mismatch."""
-    path = GOLDEN / name
-    if os.environ.get(ACCEPT) == "1":
-        path.write_text(text)
-    expected = path.read_text() if path.exists() else ""
-    if text != expected:
-        diff = "".join(
-            difflib.unified_diff(expected.splitlines(True), text.splitlines(True), str(path), "rendered")
-        )
-        pytest.fail(
-            f"{name} differs from the golden file:\n{diff}\naccept with: {ACCEPT}=1 .venv/bin/pytest tests/test_slurm.py -k golden"
-        )
 
 
 def bash_n(text: str, tmp_path: Path) -> None:
