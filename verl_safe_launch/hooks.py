@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import functools
 import importlib.abc
@@ -12,7 +13,7 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -113,17 +114,8 @@ def wrap_stage(fn: Callable[..., Any], spec: StageSpec) -> Callable[..., Any]:
         async def async_wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
             if _ACTIVE.get() is not None:
                 return await fn(self, *args, **kwargs)
-            call = _begin(self, spec, args, kwargs)
-            token = _ACTIVE.set(spec.stage)
-            try:
-                result = await fn(self, *args, **kwargs)
-            except BaseException as exc:
-                _finish(call, exc)
-                raise
-            finally:
-                _ACTIVE.reset(token)
-            _finish(call, None)
-            return result
+            with _recording(self, spec, args, kwargs):
+                return await fn(self, *args, **kwargs)
 
         setattr(async_wrapper, _PATCHED_ATTR, True)
         return async_wrapper
@@ -132,20 +124,26 @@ def wrap_stage(fn: Callable[..., Any], spec: StageSpec) -> Callable[..., Any]:
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
         if _ACTIVE.get() is not None:
             return fn(self, *args, **kwargs)
-        call = _begin(self, spec, args, kwargs)
-        token = _ACTIVE.set(spec.stage)
-        try:
-            result = fn(self, *args, **kwargs)
-        except BaseException as exc:
-            _finish(call, exc)
-            raise
-        finally:
-            _ACTIVE.reset(token)
-        _finish(call, None)
-        return result
+        with _recording(self, spec, args, kwargs):
+            return fn(self, *args, **kwargs)
 
     setattr(wrapper, _PATCHED_ATTR, True)
     return wrapper
+
+
+@contextlib.contextmanager
+def _recording(self: Any, spec: StageSpec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Iterator[None]:
+    """One outermost stage call: mark it active, then append its record (with the error, if it raised)."""
+    call = _begin(self, spec, args, kwargs)
+    token = _ACTIVE.set(spec.stage)
+    try:
+        yield
+    except BaseException as exc:
+        _finish(call, exc)
+        raise
+    finally:
+        _ACTIVE.reset(token)
+    _finish(call, None)
 
 
 @dataclass
