@@ -139,7 +139,7 @@ def main() -> None:
     count = int(sys.argv[1]) if len(sys.argv) > 1 and sys.argv[1].isdigit() else 200
     from verl_safe_launch.audit import audit, script_findings
     from verl_safe_launch.cli._audit import Auditor
-    from verl_safe_launch.launch_script import read_script
+    from verl_safe_launch.shell import read_script
 
     with tempfile.TemporaryDirectory() as tmp:
         paths = generate(Path(tmp), count + 1)

@@ -90,7 +90,7 @@ def variant_cases() -> list[Case]:
 def architecture(model: str) -> Any:
     """The architecture numbers from the bundled table."""
     sys.path.insert(0, str(ROOT))
-    from verl_safe_launch.architecture import load_architecture
+    from verl_safe_launch.inputs import load_architecture
 
     arch = load_architecture(model)
     if arch is None:
@@ -100,7 +100,7 @@ def architecture(model: str) -> Any:
 
 def estimate(case: Case, layers: int | None = None) -> tuple[float, float]:
     """(activations, logits and temporaries) in bytes from the memory model."""
-    from verl_safe_launch.memory_terms import Entropy, Pass, pass_peak
+    from verl_safe_launch.memory import Entropy, Pass, pass_peak
 
     arch = architecture(case.model)
     if layers:
@@ -418,7 +418,7 @@ def census() -> None:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from verl_safe_launch.memory_terms import Pass, layer_saved
+    from verl_safe_launch.memory import Pass, layer_saved
 
     register_attention()
     for model in MODELS:

@@ -20,8 +20,8 @@ BIN = Path(sys.executable).parent
 
 def in_process(repeats: int = 15) -> list[float]:
     """Median-able in-process timings of compose + provenance for the full verl config."""
-    from verl_safe_launch.compose import ComposeRequest, compose
-    from verl_safe_launch.overrides import cli_tokens
+    from verl_safe_launch.compose import compose
+    from verl_safe_launch.inputs import ComposeRequest, cli_tokens
 
     times = []
     for _ in range(repeats):

@@ -22,9 +22,9 @@ from hypothesis import HealthCheck, Phase, given, seed, settings  # noqa: E402
 from recompose import recompose  # noqa: E402
 from verl_oracle import Tally, configs, our_errors, verl_verdict, with_models  # noqa: E402
 
-from verl_safe_launch.compose import ComposeRequest, compose  # noqa: E402
-from verl_safe_launch.overrides import cli_tokens  # noqa: E402
-from verl_safe_launch.rules import HardwareFacts  # noqa: E402
+from verl_safe_launch.compose import compose  # noqa: E402
+from verl_safe_launch.context import HardwareFacts  # noqa: E402
+from verl_safe_launch.inputs import ComposeRequest, cli_tokens  # noqa: E402
 
 
 class Clock:

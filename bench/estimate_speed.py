@@ -45,12 +45,12 @@ def median_ms(fn: Callable[[], object], runs: int) -> float:
 
 
 def main() -> int:
-    from verl_safe_launch.compose import ComposeRequest, compose
-    from verl_safe_launch.fit import fit_knobs
-    from verl_safe_launch.memory import estimate_memory
-    from verl_safe_launch.overrides import cli_tokens
+    from verl_safe_launch.compose import compose
+    from verl_safe_launch.context import HardwareFacts
+    from verl_safe_launch.inputs import ComposeRequest, cli_tokens
+    from verl_safe_launch.memory import estimate_memory, fit_knobs
     from verl_safe_launch.preflight import rule_context
-    from verl_safe_launch.rules import HardwareFacts, run_rules
+    from verl_safe_launch.rules import run_rules
 
     print(f"{'config':<32} {'estimate ms':>12} {'fit ms':>8} {'knobs':>6}")
     worst_est = worst_fit = 0.0

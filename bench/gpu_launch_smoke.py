@@ -22,8 +22,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from verl_safe_launch.hook_stages import STAGE_BY_NAME
-from verl_safe_launch.hooks import RUN_DIR_ENV, SETUP_HOOK, wrap_stage
+from verl_safe_launch.launch import RUN_DIR_ENV, SETUP_HOOK, STAGE_BY_NAME, wrap_stage
 
 VOCAB = 151_936
 HIDDEN = 1024
@@ -123,8 +122,9 @@ def out_of_memory(run_dir: Path) -> bool:
     """Part 2: an OOM inside a wrapped stage is recorded, and the post-mortem names the knob."""
     import torch
 
-    from verl_safe_launch.compose import ComposeRequest, compose
-    from verl_safe_launch.launch.postmortem import first_oom, load_fit, oom_report, read_records
+    from verl_safe_launch.compose import compose
+    from verl_safe_launch.inputs import ComposeRequest
+    from verl_safe_launch.launch import first_oom, load_fit, oom_report, read_records
     from verl_safe_launch.preflight import rule_context
 
     worker = Worker(8)

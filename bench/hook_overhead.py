@@ -16,8 +16,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from verl_safe_launch.hook_stages import STAGE_BY_NAME
-from verl_safe_launch.hooks import RUN_DIR_ENV, wrap_stage
+from verl_safe_launch.launch import RUN_DIR_ENV, STAGE_BY_NAME, wrap_stage
 
 WIDTH = 512
 BATCH = 256

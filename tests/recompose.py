@@ -10,8 +10,9 @@ import copy
 import functools
 from collections.abc import Sequence
 
-from verl_safe_launch.compose import Composed, ComposeRequest, _override_writes, build_view, compose
-from verl_safe_launch.overrides import cli_tokens, parse_override, split_tool_tokens
+from verl_safe_launch.compose import Composed, build_view, compose
+from verl_safe_launch.compose.engine import _override_writes
+from verl_safe_launch.inputs import ComposeRequest, cli_tokens, parse_override, split_tool_tokens
 
 
 @functools.lru_cache(maxsize=8)

@@ -9,15 +9,20 @@ import pytest
 import yaml
 from conftest import DATA, check_golden
 
-from verl_safe_launch.aliases import ALIASES, IGNORED, covered, yaml_deprecations
-from verl_safe_launch.audit import AUDIT_RULES, audit, script_findings
-from verl_safe_launch.compose import Composed, ComposeRequest, compose, preset_dir
+from verl_safe_launch.audit import (
+    ALIASES,
+    AUDIT_RULES,
+    IGNORED,
+    audit,
+    covered,
+    script_findings,
+    yaml_deprecations,
+)
+from verl_safe_launch.compose import Composed, Overlay, compose, preset_dir
 from verl_safe_launch.findings import Finding, Severity
-from verl_safe_launch.keytypes import key_facts
-from verl_safe_launch.launch_script import read_script
-from verl_safe_launch.overlay import Overlay
-from verl_safe_launch.overrides import cli_tokens
-from verl_safe_launch.report import render_findings_text
+from verl_safe_launch.inputs import ComposeRequest, cli_tokens, key_facts
+from verl_safe_launch.render import render_findings_text
+from verl_safe_launch.shell import read_script
 
 OVERLAY = Overlay()
 ARR = "actor_rollout_ref"

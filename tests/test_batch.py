@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from recompose import recompose
 
-from verl_safe_launch.batch import BatchPlan, batch_plan, exact, lcm, pos_int, round_up, with_values
+from verl_safe_launch.rules import BatchPlan, batch_plan, exact, lcm, pos_int, round_up, with_values
 
 GRPO = ["algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.name=vllm"]
 
@@ -19,7 +19,8 @@ def test_six_gpu_example() -> None:
 
     from conftest import EXAMPLES
 
-    from verl_safe_launch.compose import ComposeRequest, compose
+    from verl_safe_launch.compose import compose
+    from verl_safe_launch.inputs import ComposeRequest
 
     view = compose(ComposeRequest(config_files=(Path(EXAMPLES / "grpo_6gpu.yaml"),))).view
     p = batch_plan(view)

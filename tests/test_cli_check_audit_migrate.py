@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from conftest import DATA, EXAMPLES, CliResult
 
-from verl_safe_launch.compose import ComposeRequest, compose
+from verl_safe_launch.compose import compose
 from verl_safe_launch.findings import Finding, Severity
-from verl_safe_launch.launch_script import ScriptLaunch, read_script
-from verl_safe_launch.overrides import cli_tokens
-from verl_safe_launch.report import render_findings_table
+from verl_safe_launch.inputs import ComposeRequest, cli_tokens
+from verl_safe_launch.render import render_findings_table
+from verl_safe_launch.shell import ScriptLaunch, read_script
 
 Cli = Callable[..., CliResult]
 SCRIPTS = DATA / "scripts"

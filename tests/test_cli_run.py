@@ -15,7 +15,7 @@ import pytest
 from conftest import EXAMPLES, CliResult
 
 from verl_safe_launch.cli._run import NO_GPU
-from verl_safe_launch.launch.rundir import RUN_FILES
+from verl_safe_launch.launch import RUN_FILES
 
 EXAMPLE = str(EXAMPLES / "grpo_6gpu.yaml")
 BAD_MICRO = "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=7"

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import CliResult, make_tiny_model
 
-from verl_safe_launch.launch.rundir import RUN_FILES, config_digest
+from verl_safe_launch.launch import RUN_FILES, config_digest
 
 pytestmark = pytest.mark.slow
 

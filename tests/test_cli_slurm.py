@@ -10,7 +10,8 @@ import pytest
 import yaml
 from conftest import DATA, EXAMPLES, CliResult
 
-from verl_safe_launch.compose import ComposeRequest, compose
+from verl_safe_launch.compose import compose
+from verl_safe_launch.inputs import ComposeRequest
 
 SMALL = str(DATA / "slurm" / "grpo_small.yaml")
 ALLOCATION = ("--nodes", "1", "--gpus-per-node", "2")

@@ -7,11 +7,10 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from verl_safe_launch.compose import ComposeRequest, compose
+from verl_safe_launch.compose import compose
 from verl_safe_launch.errors import ConfigError, InputError, UsageError
-from verl_safe_launch.overrides import cli_tokens
+from verl_safe_launch.inputs import ComposeRequest, cli_tokens, verl_config_dir
 from verl_safe_launch.provenance import Layer
-from verl_safe_launch.verl_paths import verl_config_dir
 
 
 def _compose(*overrides: str, files: tuple[Path, ...] = ()) -> object:
@@ -181,7 +180,7 @@ def test_missing_and_unreadable_files(tmp_path: Path) -> None:
 
 
 def test_yaml_types_match_omegaconf() -> None:
-    from verl_safe_launch._yaml import parse_yaml
+    from verl_safe_launch.inputs import parse_yaml
 
     doc = parse_yaml("lr: 1e-6\nwhen: 2024-01-01\nflag: true\nnone: null\n", "x.yaml", expand_dots=True)
     assert doc.data == {"lr": 1e-6, "when": "2024-01-01", "flag": True, "none": None}

@@ -12,7 +12,7 @@ from conftest import make_tiny_model
 from hypothesis import HealthCheck, Phase, given, settings
 from verl_oracle import Tally, configs, judge, verl_verdict, with_models
 
-from verl_safe_launch.rules import HardwareFacts
+from verl_safe_launch.context import HardwareFacts
 
 pytestmark = pytest.mark.slow
 TALLY = Tally()

@@ -8,14 +8,12 @@ import pytest
 from conftest import EXAMPLES
 from test_memory import ARR, context
 
-from verl_safe_launch.compose import ComposeRequest
+from verl_safe_launch.context import HardwareFacts
 from verl_safe_launch.findings import Severity
-from verl_safe_launch.fit import KnobFit, candidates, fit_knobs
-from verl_safe_launch.memory import estimate_memory
-from verl_safe_launch.overrides import cli_tokens
+from verl_safe_launch.inputs import ComposeRequest, cli_tokens
+from verl_safe_launch.memory import KnobFit, candidates, estimate_memory, fit_knobs
 from verl_safe_launch.preflight import run_preflight
 from verl_safe_launch.presets import compose_for_launch
-from verl_safe_launch.rules import HardwareFacts
 
 ACTOR = f"{ARR}.actor.ppo_micro_batch_size_per_gpu"
 LOGPROB = f"{ARR}.rollout.log_prob_micro_batch_size_per_gpu"

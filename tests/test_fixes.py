@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from verl_safe_launch.fixes import (
+from verl_safe_launch.rules import (
     KeyFix,
     divisor_fix,
     divisors,

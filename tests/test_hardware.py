@@ -7,15 +7,22 @@ from pathlib import Path
 
 import pytest
 
-from verl_safe_launch.compose import ComposeRequest, compose
+from verl_safe_launch.compose import compose
 from verl_safe_launch.errors import UsageError
 from verl_safe_launch.findings import Finding
-from verl_safe_launch.hardware import HardwareProfile, detect_hardware, hardware_findings
-from verl_safe_launch.overrides import ToolSettings, cli_tokens, split_tool_tokens
+from verl_safe_launch.inputs import (
+    ComposeRequest,
+    HardwareProfile,
+    ToolSettings,
+    cli_tokens,
+    detect_hardware,
+    hardware_findings,
+    split_tool_tokens,
+)
 from verl_safe_launch.preflight import run_preflight
 from verl_safe_launch.presets import compose_for_launch
 from verl_safe_launch.provenance import Layer
-from verl_safe_launch.report import render_finding
+from verl_safe_launch.render import render_finding
 
 H100 = "NVIDIA H100 80GB HBM3, 81559\n"
 

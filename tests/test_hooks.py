@@ -16,9 +16,15 @@ from typing import Any
 
 import pytest
 
-from verl_safe_launch import hooks
-from verl_safe_launch.hook_stages import STAGE_BY_NAME
-from verl_safe_launch.hooks import NO_CUDA_NOTE, RUN_DIR_ENV, install, patch_module, wrap_stage
+from verl_safe_launch.launch import (
+    NO_CUDA_NOTE,
+    RUN_DIR_ENV,
+    STAGE_BY_NAME,
+    hooks,
+    install,
+    patch_module,
+    wrap_stage,
+)
 
 ACTOR_UPDATE = STAGE_BY_NAME["actor_update"]
 ARR = "actor_rollout_ref"

@@ -7,18 +7,22 @@ from pathlib import Path
 import pytest
 from conftest import EXAMPLES
 
-from verl_safe_launch.compose import Composed, ComposeRequest, compose
-from verl_safe_launch.hooks import RUN_DIR_ENV, SETUP_HOOK, USER_SETUP_HOOK_ENV
-from verl_safe_launch.launch.plan import (
+from verl_safe_launch.compose import Composed, compose
+from verl_safe_launch.inputs import ComposeRequest, cli_tokens
+from verl_safe_launch.launch import (
+    RUN_DIR_ENV,
+    SETUP_HOOK,
+    USER_SETUP_HOOK_ENV,
     LaunchBlocked,
     auth_mode,
+    cause_line,
+    check_cpus,
+    check_gpus,
     local_num_cpus,
     plan_launch,
     ray_address,
 )
-from verl_safe_launch.launch.verl_handoff import cause_line, check_cpus, check_gpus
-from verl_safe_launch.overrides import cli_tokens
-from verl_safe_launch.resources import CpuNeed, GpuNeed, cpu_need, gpu_need
+from verl_safe_launch.rules import CpuNeed, GpuNeed, cpu_need, gpu_need
 
 EXAMPLE = EXAMPLES / "grpo_6gpu.yaml"
 

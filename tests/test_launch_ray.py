@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from conftest import EXAMPLES, CliResult
 
-from verl_safe_launch.hooks import NO_CUDA_NOTE, RUN_DIR_ENV, SETUP_HOOK
+from verl_safe_launch.launch import NO_CUDA_NOTE, RUN_DIR_ENV, SETUP_HOOK
 
 pytestmark = pytest.mark.slow
 CLUSTER_GPUS = 2

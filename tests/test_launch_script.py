@@ -11,8 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from verl_safe_launch.errors import InputError
-from verl_safe_launch.launch_script import ScriptLaunch, parse_script, read_script
 from verl_safe_launch.provenance import Layer
+from verl_safe_launch.shell import ScriptLaunch, parse_script, read_script
 
 LAUNCH = "python3 -m verl.trainer.main_ppo"
 SCRIPTS = DATA / "scripts"

@@ -9,22 +9,23 @@ from pathlib import Path
 import pytest
 from conftest import EXAMPLES
 
-from verl_safe_launch.architecture import load_architecture
-from verl_safe_launch.batch import with_values
-from verl_safe_launch.compose import ComposeRequest, compose
+from verl_safe_launch.compose import compose
 from verl_safe_launch.config_view import ConfigView
-from verl_safe_launch.memory import MemoryEstimate, estimate_memory
-from verl_safe_launch.memory_terms import (
+from verl_safe_launch.context import HardwareFacts, RuleContext
+from verl_safe_launch.inputs import ComposeRequest, load_architecture
+from verl_safe_launch.memory import (
     GIB,
     Entropy,
+    MemoryEstimate,
     Pass,
+    estimate_memory,
     kv_bytes_per_token,
     layer_saved,
     logits_bytes,
     model_params,
     pass_peak,
 )
-from verl_safe_launch.rules import HardwareFacts, RuleContext
+from verl_safe_launch.rules import with_values
 
 ARR = "actor_rollout_ref"
 QWEN_05 = load_architecture("Qwen/Qwen2.5-0.5B")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from test_memory import ARR, context
 
 from verl_safe_launch.findings import Severity
-from verl_safe_launch.memory_checks import memory_findings
+from verl_safe_launch.memory import memory_findings
 
 R = f"{ARR}.rollout"
 LLAMA_128K = {f"{ARR}.model.path": "meta-llama/Llama-3.1-8B-Instruct", f"{R}.gpu_memory_utilization": 0.2}

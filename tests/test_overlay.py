@@ -9,11 +9,10 @@ from conftest import DATA
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from verl_safe_launch.compose import Composed, ComposeRequest, compose
-from verl_safe_launch.interpolation import Resolver
-from verl_safe_launch.launch_script import ScriptLaunch, read_script
-from verl_safe_launch.overlay import Overlay, _index, _parse_value, _parse_with_hydra
-from verl_safe_launch.overrides import cli_tokens
+from verl_safe_launch.compose import Composed, Overlay, Resolver, compose
+from verl_safe_launch.compose.overlay import _index, _parse_value, _parse_with_hydra
+from verl_safe_launch.inputs import ComposeRequest, cli_tokens
+from verl_safe_launch.shell import ScriptLaunch, read_script
 
 OVERLAY = Overlay()
 ARR = "actor_rollout_ref"

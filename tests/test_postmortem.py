@@ -17,16 +17,22 @@ import pytest
 from conftest import EXAMPLES
 
 from verl_safe_launch.cli._run import Outcome, _after_run
-from verl_safe_launch.compose import ComposeRequest, compose
+from verl_safe_launch.compose import compose
+from verl_safe_launch.context import RuleContext
 from verl_safe_launch.errors import LaunchError
-from verl_safe_launch.fit import KnobFit
-from verl_safe_launch.hook_stages import STAGE_BY_NAME
-from verl_safe_launch.hooks import RUN_DIR_ENV, wrap_stage
-from verl_safe_launch.launch import postmortem
-from verl_safe_launch.launch.postmortem import NO_FIT, oom_report, read_records, render_peaks
-from verl_safe_launch.overrides import cli_tokens
+from verl_safe_launch.inputs import ComposeRequest, cli_tokens
+from verl_safe_launch.launch import (
+    NO_FIT,
+    RUN_DIR_ENV,
+    STAGE_BY_NAME,
+    oom_report,
+    postmortem,
+    read_records,
+    render_peaks,
+    wrap_stage,
+)
+from verl_safe_launch.memory import KnobFit
 from verl_safe_launch.preflight import rule_context
-from verl_safe_launch.rules import RuleContext
 
 ARR = "actor_rollout_ref"
 MICRO = f"{ARR}.actor.ppo_micro_batch_size_per_gpu"

@@ -12,15 +12,14 @@ from typing import Any
 import pytest
 from conftest import EXAMPLES, CliResult
 
-from verl_safe_launch.compose import Composed, ComposeRequest
+from verl_safe_launch.compose import Composed
 from verl_safe_launch.config_view import ConfigView
 from verl_safe_launch.errors import UsageError
-from verl_safe_launch.hardware import detect_hardware
-from verl_safe_launch.overrides import ToolSettings, cli_tokens
+from verl_safe_launch.inputs import ComposeRequest, ToolSettings, cli_tokens, detect_hardware
 from verl_safe_launch.preflight import run_preflight
 from verl_safe_launch.presets import choose_auto, compose_for_launch, preset_values
 from verl_safe_launch.provenance import Layer
-from verl_safe_launch.report import render_finding
+from verl_safe_launch.render import render_finding
 
 ARR = "actor_rollout_ref"
 TP = f"{ARR}.rollout.tensor_model_parallel_size"
@@ -232,7 +231,7 @@ def test_auto_picks_by_hardware(tokens: tuple[str, ...], name: str) -> None:
 
 
 def _tool(*tokens: str) -> ToolSettings:
-    from verl_safe_launch.overrides import split_tool_tokens
+    from verl_safe_launch.inputs import split_tool_tokens
 
     return split_tool_tokens(cli_tokens(list(tokens)))[1]
 
@@ -271,9 +270,9 @@ def _fake_fit(monkeypatch: pytest.MonkeyPatch, answers: Mapping[str, int]) -> li
         calls.append(cap)
         return tuple(_Knob(k, ctx.view.get(k), v, 70.0, f"fits at {v}") for k, v in answers.items())
 
-    module = types.ModuleType("verl_safe_launch.fit")
+    module = types.ModuleType("verl_safe_launch.memory.fit")
     module.fit_knobs = fit_knobs  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "verl_safe_launch.fit", module)
+    monkeypatch.setitem(sys.modules, "verl_safe_launch.memory.fit", module)
     return calls
 
 

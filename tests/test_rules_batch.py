@@ -10,11 +10,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from recompose import recompose
 
-from verl_safe_launch import rules_catalog  # noqa: F401  (registers the rules before RULES is read)
-from verl_safe_launch.architecture import load_architecture
+from verl_safe_launch.context import HardwareFacts, RuleContext
 from verl_safe_launch.findings import Finding, Severity
-from verl_safe_launch.fixes import first_tokens
-from verl_safe_launch.rules import RULES, HardwareFacts, RuleContext, run_rules
+from verl_safe_launch.inputs import load_architecture
+from verl_safe_launch.rules import RULES, first_tokens, run_rules
 
 BASE = [
     "algorithm.adv_estimator=grpo",
@@ -31,7 +30,7 @@ BASE = [
     "critic.ppo_micro_batch_size_per_gpu=2",
 ]
 HARDWARE = HardwareFacts(nodes=4, gpus_per_node=8)
-MODULES = ("rules_batch", "rules_cluster", "rules_layout", "rules_modes", "rules_rollout", "rules_verl")
+MODULES = ("batch", "cluster", "layout", "modes", "rollout", "verl_static")
 
 
 def context(overrides: list[str]) -> RuleContext:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from verl_safe_launch.errors import UsageError
-from verl_safe_launch.launch.rundir import atomic_write, auto_run_dir, prepare_run_dir, reproduce_command
+from verl_safe_launch.launch import atomic_write, auto_run_dir, prepare_run_dir, reproduce_command
 
 NOW = datetime(2025, 3, 4, 5, 6, 7)
 

@@ -14,7 +14,7 @@ import yaml
 from conftest import DATA, CliResult, check_golden
 
 from verl_safe_launch.errors import UsageError
-from verl_safe_launch.launch.slurm import Container, SlurmSpec, render_sbatch, sbatch_options
+from verl_safe_launch.launch import Container, SlurmSpec, render_sbatch, sbatch_options
 
 SPEC_4X8 = SlurmSpec(
     nodes=4,

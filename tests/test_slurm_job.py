@@ -6,9 +6,9 @@ from collections.abc import Sequence
 
 import pytest
 
-from verl_safe_launch.compose import ComposeRequest, compose
-from verl_safe_launch.hardware import detect_hardware
-from verl_safe_launch.launch.slurm_job import (
+from verl_safe_launch.compose import compose
+from verl_safe_launch.inputs import ComposeRequest, ToolSettings, cli_tokens, detect_hardware
+from verl_safe_launch.launch import (
     Joined,
     RayNode,
     allocation_lines,
@@ -16,7 +16,6 @@ from verl_safe_launch.launch.slurm_job import (
     missing_error,
     wait_for_nodes,
 )
-from verl_safe_launch.overrides import ToolSettings, cli_tokens
 
 SLURM_ENV = {
     "SLURM_JOB_ID": "7",

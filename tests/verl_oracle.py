@@ -17,9 +17,10 @@ from typing import Any
 from hypothesis import strategies as st
 from recompose import recompose
 
-from verl_safe_launch.architecture import load_architecture
+from verl_safe_launch.context import HardwareFacts, RuleContext
 from verl_safe_launch.findings import Finding, Severity
-from verl_safe_launch.rules import HardwareFacts, RuleContext, run_rules
+from verl_safe_launch.inputs import load_architecture
+from verl_safe_launch.rules import run_rules
 
 ARR = "actor_rollout_ref"
 MICRO_FORMS = st.sampled_from(["per_gpu", "per_gpu", "per_gpu", "deprecated", "both", "neither"])

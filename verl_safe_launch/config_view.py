@@ -9,6 +9,9 @@ from typing import Any
 
 from verl_safe_launch.provenance import Layer, Provenance
 
+ARR = "actor_rollout_ref"
+"""verl's node for the actor, the rollout and the reference model."""
+
 MISSING = "???"
 
 

@@ -45,3 +45,21 @@ class LaunchError(VslError):
     """The launch started and failed (Ray or verl error, out of memory)."""
 
     exit_code = EXIT_LAUNCH
+
+
+class ManyErrors(UsageError):
+    """Several user errors found at once (for example every override Hydra refused); rendered together."""
+
+    def __init__(self, errors: list[VslError]) -> None:
+        super().__init__(f"{len(errors)} problems", None, None)
+        self.errors = tuple(errors)
+        self.exit_code = max(e.exit_code for e in errors)
+
+    def render(self) -> str:
+        """Each error's compact message, one after the other."""
+        return "\n".join(e.render() for e in self.errors)
+
+
+def collect(errors: list[VslError]) -> VslError:
+    """One error for one problem, a ``ManyErrors`` for several."""
+    return errors[0] if len(errors) == 1 else ManyErrors(errors)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Generic, TypeVar
 
 from verl_safe_launch.provenance import Source
 
@@ -52,3 +54,28 @@ def sort_findings(findings: list[Finding]) -> list[Finding]:
 def has_errors(findings: list[Finding] | tuple[Finding, ...]) -> bool:
     """True when any finding blocks the launch."""
     return any(f.severity is Severity.ERROR for f in findings)
+
+
+C = TypeVar("C")
+
+
+@dataclass(frozen=True)
+class Rule(Generic[C]):
+    """One rule of a rule table (audit or batch/layout rules): id, one-line description, severity, check."""
+
+    rule_id: str
+    description: str
+    severity: Severity
+    check: Callable[[C], list[Finding]]
+
+    def __call__(self, ctx: C) -> list[Finding]:
+        """Run the check."""
+        return self.check(ctx)
+
+
+def run_table(rules: Iterable[Rule[C]], ctx: C) -> list[Finding]:
+    """Run every rule of a table (all of them, never first-failure-only) and collect the findings."""
+    findings: list[Finding] = []
+    for entry in rules:
+        findings.extend(entry.check(ctx))
+    return findings

@@ -36,12 +36,12 @@ class PreflightCallback(Callback):
 
 def preflight_report(overrides: list[str]) -> tuple[int, str]:
     """Exit status (0 go, 1 errors, 2 unusable overrides) and the report for Hydra's raw task overrides."""
-    from verl_safe_launch.compose import ComposeRequest, compose
+    from verl_safe_launch.compose import compose
     from verl_safe_launch.errors import EXIT_PREFLIGHT, VslError
-    from verl_safe_launch.overrides import OverrideToken
+    from verl_safe_launch.inputs import ComposeRequest, OverrideToken
     from verl_safe_launch.preflight import run_preflight
     from verl_safe_launch.provenance import Layer, Source
-    from verl_safe_launch.report import render_findings_text
+    from verl_safe_launch.render import render_findings_text
 
     tokens = tuple(OverrideToken(tool_token(text), Source(Layer.CLI, raw=text)) for text in overrides)
     header = "verl-safe-launch pre-flight (inside verl's entry point; presets are not adapted here)\n"

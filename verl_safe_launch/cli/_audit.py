@@ -8,15 +8,21 @@ from pathlib import Path
 
 from verl_safe_launch.audit import script_findings
 from verl_safe_launch.cli._common import add_format_arg, make_parser, parse, print_json
+from verl_safe_launch.compose import Overlay
 from verl_safe_launch.errors import EXIT_OK, EXIT_PREFLIGHT, EXIT_USAGE, VslError
 from verl_safe_launch.findings import Finding, Severity, has_errors
-from verl_safe_launch.hardware import DETECT_ENV, HardwareProfile, detect_hardware
-from verl_safe_launch.launch_script import ScriptLaunch, read_script
-from verl_safe_launch.overlay import Overlay
-from verl_safe_launch.overrides import OverrideToken, cli_tokens, split_tool_tokens
+from verl_safe_launch.inputs import (
+    DETECT_ENV,
+    HardwareProfile,
+    OverrideToken,
+    cli_tokens,
+    detect_hardware,
+    split_tool_tokens,
+)
 from verl_safe_launch.preflight import run_preflight
 from verl_safe_launch.provenance import Layer, Source
-from verl_safe_launch.report import counts, findings_json, render_report, summary_line, verdict
+from verl_safe_launch.render import counts, findings_json, render_report, summary_line, verdict
+from verl_safe_launch.shell import ScriptLaunch, read_script
 
 EXAMPLES = """\
   verl-safe-launch audit run_qwen2-7b_grpo.sh

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 
-from verl_safe_launch.cli._common import add_compose_args, make_parser, override_positions, parse, print_json
-from verl_safe_launch.compose import ComposeRequest
+from verl_safe_launch.cli._common import add_compose_args, make_parser, parse, print_json
 from verl_safe_launch.errors import EXIT_OK, EXIT_PREFLIGHT
-from verl_safe_launch.overrides import cli_tokens
+from verl_safe_launch.inputs import request_from_args
 from verl_safe_launch.preflight import run_preflight
 from verl_safe_launch.presets import compose_for_launch
-from verl_safe_launch.report import render_report, report_json
+from verl_safe_launch.render import render_report, report_json
 
 EXAMPLES = """\
   verl-safe-launch check -c launch_examples/grpo_6gpu.yaml
@@ -31,10 +29,7 @@ def main(args: Sequence[str], offset: int) -> int:
     )
     add_compose_args(parser)
     ns = parse(parser, args)
-    texts = list(ns.overrides or [])
-    tokens = cli_tokens(texts, override_positions(args, texts, offset))
-    request = ComposeRequest(overrides=tokens, config_files=tuple(Path(p) for p in ns.config), lenient=True)
-    preflight = run_preflight(compose_for_launch(request))
+    preflight = run_preflight(compose_for_launch(request_from_args(ns, args, offset)))
     if ns.format == "json":
         print_json(report_json(preflight.findings))
     else:

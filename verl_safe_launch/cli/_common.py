@@ -6,12 +6,11 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any, NoReturn
 
-from verl_safe_launch.compose import Composed, ComposeRequest
+from verl_safe_launch.compose import Composed, require_accepted
 from verl_safe_launch.errors import UsageError
-from verl_safe_launch.overrides import cli_tokens
+from verl_safe_launch.inputs import request_from_args
 from verl_safe_launch.presets import compose_for_launch
 
 
@@ -63,27 +62,15 @@ def parse(parser: argparse.ArgumentParser, args: Sequence[str]) -> argparse.Name
     return parser.parse_intermixed_args(list(args))
 
 
-def override_positions(args: Sequence[str], overrides: Sequence[str], offset: int) -> list[int]:
-    """1-based argv positions of the overrides (the verb, when given, is argument 1)."""
-    positions: list[int] = []
-    start = 0
-    for text in overrides:
-        index = list(args).index(text, start)
-        positions.append(index + 1 + offset)
-        start = index + 1
-    return positions
-
-
 def compose_from_args(ns: argparse.Namespace, args: Sequence[str], offset: int) -> Composed:
     """Compose verl's config from parsed arguments, with argv positions for provenance.
 
     Hardware facts fill the GPU counts nobody set; a preset is adapted to the hardware (``--fit``, where a
-    verb has it, lets its micro batches grow past the preset's values).
+    verb has it, lets its micro batches grow past the preset's values). Every override Hydra refuses is
+    reported at once.
     """
-    overrides = list(getattr(ns, "overrides", []) or [])
-    tokens = cli_tokens(overrides, override_positions(args, overrides, offset))
-    request = ComposeRequest(overrides=tokens, config_files=tuple(Path(p) for p in ns.config))
-    return compose_for_launch(request, fit=bool(getattr(ns, "fit", False)))
+    request = request_from_args(ns, args, offset)
+    return require_accepted(compose_for_launch(request, fit=bool(getattr(ns, "fit", False))))
 
 
 def print_json(data: Any) -> None:

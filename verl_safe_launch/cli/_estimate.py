@@ -3,26 +3,26 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
-from verl_safe_launch.cli._common import add_compose_args, make_parser, override_positions, parse, print_json
-from verl_safe_launch.compose import ComposeRequest
+from verl_safe_launch.cli._common import add_compose_args, make_parser, parse, print_json
+from verl_safe_launch.compose import require_accepted
+from verl_safe_launch.context import RuleContext
 from verl_safe_launch.errors import EXIT_OK, InputError, UsageError
-from verl_safe_launch.fit import KnobFit, fit_knobs
+from verl_safe_launch.inputs import request_from_args
 from verl_safe_launch.memory import (
     COMPONENTS,
     DEFAULT_OVERHEAD_GIB,
+    KnobFit,
     MemoryEstimate,
     StageEstimate,
     estimate_memory,
+    fit_knobs,
+    memory_findings,
 )
-from verl_safe_launch.memory_checks import memory_findings
-from verl_safe_launch.overrides import cli_tokens
 from verl_safe_launch.preflight import rule_context
 from verl_safe_launch.presets import compose_for_launch
-from verl_safe_launch.report import findings_json, render_finding
-from verl_safe_launch.rules import RuleContext
+from verl_safe_launch.render import findings_json, render_finding
 
 EXAMPLES = """\
   verl-safe-launch estimate -c launch_examples/grpo_6gpu.yaml hardware.gpu_memory_gb=80
@@ -73,10 +73,7 @@ def main(args: Sequence[str], offset: int) -> int:
         raise UsageError(
             f"--overhead {ns.overhead:g} is negative", where="--overhead", fix="e.g. --overhead 1"
         )
-    texts = list(ns.overrides or [])
-    tokens = cli_tokens(texts, override_positions(args, texts, offset))
-    request = ComposeRequest(overrides=tokens, config_files=tuple(Path(p) for p in ns.config))
-    ctx = rule_context(compose_for_launch(request))
+    ctx = rule_context(require_accepted(compose_for_launch(request_from_args(ns, args, offset))))
     est = estimate_memory(ctx, margin=ns.margin, overhead_gib=ns.overhead)
     if est.missing:
         raise InputError(

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from verl_safe_launch.cli._common import add_compose_args, compose_from_args, make_parser, parse, print_json
 from verl_safe_launch.findings import Finding, Severity
-from verl_safe_launch.report import findings_json, render_finding
+from verl_safe_launch.render import findings_json, render_finding
 
 EXAMPLES = """\
   verl-safe-launch explain -c launch_examples/grpo_6gpu.yaml
@@ -18,10 +18,8 @@ EXAMPLES = """\
 
 def main(args: Sequence[str], offset: int) -> int:
     """Run ``explain``: print the arithmetic, then the batch and layout errors it leads to (exit 0)."""
-    from verl_safe_launch.batch import batch_plan
-    from verl_safe_launch.explain import explain, header, render_text
     from verl_safe_launch.preflight import rule_context
-    from verl_safe_launch.rules import run_rules
+    from verl_safe_launch.rules import batch_plan, explain, header, render_text, run_rules
 
     parser = make_parser("explain", "Walk through the batch arithmetic of a config, step by step.", EXAMPLES)
     add_compose_args(parser)

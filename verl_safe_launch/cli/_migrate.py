@@ -8,11 +8,11 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from verl_safe_launch.audit import command_line, plan_migration, render_yaml
 from verl_safe_launch.cli._common import make_parser, parse
 from verl_safe_launch.compose import compose
 from verl_safe_launch.errors import EXIT_OK, InputError, UsageError
-from verl_safe_launch.launch_script import ScriptLaunch, read_script
-from verl_safe_launch.migrate_yaml import command_line, plan_migration, render_yaml
+from verl_safe_launch.shell import ScriptLaunch, read_script
 
 EXAMPLES = """\
   verl-safe-launch migrate run_qwen2-7b_grpo.sh -o run.yaml

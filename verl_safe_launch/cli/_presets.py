@@ -9,8 +9,7 @@ from verl_safe_launch.cli._common import add_format_arg, make_parser, parse, pri
 from verl_safe_launch.compose import available_presets
 from verl_safe_launch.config_view import format_value
 from verl_safe_launch.errors import UsageError
-from verl_safe_launch.hardware import detect_hardware
-from verl_safe_launch.overrides import ToolSettings
+from verl_safe_launch.inputs import ToolSettings, detect_hardware
 from verl_safe_launch.presets import AUTO, PRESETS, PresetInfo, choose_auto, preset_values
 
 EXAMPLES = """\

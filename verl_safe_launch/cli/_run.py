@@ -15,10 +15,9 @@ from typing import Any
 from verl_safe_launch.cli._common import add_compose_args, compose_from_args, make_parser, parse, print_json
 from verl_safe_launch.compose import Composed
 from verl_safe_launch.errors import EXIT_LAUNCH, EXIT_OK, EXIT_PREFLIGHT, VslError
-from verl_safe_launch.launch import rundir
-from verl_safe_launch.launch.plan import LaunchBlocked, LaunchPlan, plan_launch, render_plan
+from verl_safe_launch.launch import LaunchBlocked, LaunchPlan, plan_launch, render_plan, rundir
 from verl_safe_launch.preflight import Preflight, run_preflight
-from verl_safe_launch.report import findings_json, render_findings_text, summary_line
+from verl_safe_launch.render import findings_json, render_findings_text, summary_line
 
 EXAMPLES = """\
   verl-safe-launch -c launch_examples/grpo_6gpu.yaml
@@ -152,7 +151,7 @@ def _write_run_dir(
 
 
 def _validate(cfg: Any, run_dir: Path) -> None:
-    from verl_safe_launch.launch.verl_handoff import validate_with_verl
+    from verl_safe_launch.launch import validate_with_verl
 
     before = rundir.render_config(cfg)
     validate_with_verl(cfg)
@@ -162,7 +161,7 @@ def _validate(cfg: Any, run_dir: Path) -> None:
 
 
 def _local_gpus() -> int:
-    from verl_safe_launch.launch.verl_handoff import local_gpu_count
+    from verl_safe_launch.launch import local_gpu_count
 
     return local_gpu_count()
 

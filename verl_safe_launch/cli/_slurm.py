@@ -9,27 +9,34 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from verl_safe_launch.cli._common import (
     add_compose_args,
     compose_from_args,
     make_parser,
-    override_positions,
     parse,
     print_json,
 )
-from verl_safe_launch.compose import Composed, ComposeRequest
+from verl_safe_launch.compose import Composed
 from verl_safe_launch.config_view import ConfigView
 from verl_safe_launch.errors import EXIT_OK, EXIT_PREFLIGHT, LaunchError, UsageError
 from verl_safe_launch.findings import Finding, Severity, has_errors
-from verl_safe_launch.hardware import DETECT_ENV, HardwareProfile, detect_hardware, hardware_fills
+from verl_safe_launch.inputs import (
+    DETECT_ENV,
+    HardwareProfile,
+    OverrideToken,
+    detect_hardware,
+    hardware_fills,
+    request_from_args,
+    split_tool_tokens,
+)
 from verl_safe_launch.launch import slurm
-from verl_safe_launch.overrides import OverrideToken, cli_tokens, split_tool_tokens
 from verl_safe_launch.preflight import run_preflight
 from verl_safe_launch.presets import compose_with_preset
 from verl_safe_launch.provenance import Layer, Source
-from verl_safe_launch.report import findings_json, render_findings_text
+from verl_safe_launch.render import findings_json, render_findings_text
 
 EXAMPLES = """\
   verl-safe-launch slurm --nodes 1 --gpus-per-node 6 --partition gpu --time 24:00:00 \\
@@ -166,8 +173,8 @@ def _compose(ns: argparse.Namespace, args: Sequence[str], offset: int) -> tuple[
                 where="command line",
                 fix="drop it and pass --nodes / --gpus-per-node",
             )
-    tokens = cli_tokens(overrides, override_positions(args, overrides, offset))
-    tokens += tuple(
+    base = request_from_args(ns, args, offset)
+    tokens = base.overrides + tuple(
         _option_token(args, offset, flag, f"hardware.{name}={value}")
         for flag, name, value in (
             ("--nodes", "nodes", ns.nodes),
@@ -175,11 +182,7 @@ def _compose(ns: argparse.Namespace, args: Sequence[str], offset: int) -> tuple[
         )
     )
     tool_profile = detect_hardware(split_tool_tokens(tokens)[1], env={DETECT_ENV: "0"})
-    request = ComposeRequest(
-        overrides=tokens,
-        config_files=tuple(Path(p) for p in ns.config),
-        fills=hardware_fills(tool_profile),
-    )
+    request = replace(base, overrides=tokens, fills=hardware_fills(tool_profile))
     return compose_with_preset(request, tool_profile), tool_profile
 
 
@@ -193,7 +196,7 @@ def _option_token(args: Sequence[str], offset: int, flag: str, text: str) -> Ove
 
 def _cpus_per_task(view: ConfigView, given: int | None, nodes: int) -> tuple[int, Finding | None]:
     """CPUs per node for Ray: what the run reserves per node by default; refuse fewer when given."""
-    from verl_safe_launch.resources import cpu_need, gpu_need
+    from verl_safe_launch.rules import cpu_need, gpu_need
 
     need = cpu_need(view, gpu_need(view))
     bundles = math.ceil(need.gpu_bundles / nodes)
@@ -303,7 +306,7 @@ def _report(
 
 def _preflight(args: Sequence[str], offset: int) -> int:
     """The pre-flight against the allocation this runs in (Slurm environment, nvidia-smi)."""
-    from verl_safe_launch.launch.slurm_job import allocation_lines
+    from verl_safe_launch.launch import allocation_lines
 
     parser = make_parser("slurm preflight", "The pre-flight against the Slurm allocation.", IN_JOB_EXAMPLES)
     add_compose_args(parser)

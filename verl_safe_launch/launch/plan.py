@@ -10,8 +10,8 @@ from typing import Any
 
 from verl_safe_launch.config_view import ConfigView
 from verl_safe_launch.errors import EXIT_PREFLIGHT, VslError
-from verl_safe_launch.hooks import RUN_DIR_ENV, SETUP_HOOK, USER_SETUP_HOOK_ENV
-from verl_safe_launch.resources import CpuNeed, GpuNeed, cpu_need, gpu_need
+from verl_safe_launch.launch.hooks import RUN_DIR_ENV, SETUP_HOOK, USER_SETUP_HOOK_ENV
+from verl_safe_launch.rules import CpuNeed, GpuNeed, cpu_need, gpu_need
 
 RUNNER_V1 = "verl.trainer.main_ppo.TaskRunnerV1"
 RUNNER_V0 = "verl.trainer.main_ppo_v0.TaskRunner"

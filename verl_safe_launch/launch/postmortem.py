@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from verl_safe_launch.config_view import format_value as _fmt
-from verl_safe_launch.hook_stages import STAGE_BY_NAME
-from verl_safe_launch.rules import RuleContext
+from verl_safe_launch.config_view import format_value
+from verl_safe_launch.context import RuleContext
+from verl_safe_launch.launch.hook_stages import STAGE_BY_NAME
 
 MARGIN = 0.10
 UTIL_STEP = 0.1
@@ -70,7 +70,9 @@ class OomReport:
                 f"torch peak {rec.get('peak_allocated_gib')} GiB allocated"
             )
         for item in self.advice:
-            lines.append(f"  knob: {item.key} = {_fmt(item.current)} -> {_fmt(item.value)} ({item.reason})")
+            lines.append(
+                f"  knob: {item.key} = {format_value(item.current)} -> {format_value(item.value)} ({item.reason})"
+            )
         lines += [f"  note: {note}" for note in self.notes]
         lines.append(
             f"  paste: {self.override}" if self.override else "  paste: (no knob to change was found)"
@@ -82,7 +84,7 @@ class OomReport:
 def _settings(settings: object) -> str:
     if not isinstance(settings, Mapping) or not settings:
         return "(none recorded)"
-    return ", ".join(f"{key}={_fmt(value)}" for key, value in settings.items())
+    return ", ".join(f"{key}={format_value(value)}" for key, value in settings.items())
 
 
 def read_records(run_dir: Path) -> list[dict[str, Any]]:
@@ -110,7 +112,7 @@ FitFn = Callable[..., Any]
 def load_fit() -> FitFn | None:
     """The estimator's ``fit_knobs``, or None when that module is not available."""
     try:
-        module = importlib.import_module("verl_safe_launch.fit")
+        module = importlib.import_module("verl_safe_launch.memory.fit")
     except ImportError:
         return None
     fit: FitFn | None = getattr(module, "fit_knobs", None)
@@ -186,7 +188,7 @@ def _fallback(key: str, current: object, no_fit: bool, ctx: RuleContext) -> Knob
 
 def _advice(key: str, current: object, value: object, reason: str, ctx: RuleContext) -> KnobAdvice:
     prefix = "" if key in ctx.view else "+"
-    return KnobAdvice(key, current, value, reason, f"{prefix}{key}={_fmt(value)}")
+    return KnobAdvice(key, current, value, reason, f"{prefix}{key}={format_value(value)}")
 
 
 def measured_peaks(records: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, float]]:

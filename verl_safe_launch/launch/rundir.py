@@ -17,7 +17,7 @@ from typing import Any
 from verl_safe_launch.config_view import ConfigView
 from verl_safe_launch.errors import UsageError
 from verl_safe_launch.findings import Finding, has_errors
-from verl_safe_launch.report import findings_json, summary_line
+from verl_safe_launch.render import findings_json, summary_line
 
 DEFAULT_ROOT = Path("outputs")
 CONFIG_FILE = "config.yaml"

@@ -9,7 +9,7 @@ from typing import Any
 
 from verl_safe_launch.config_view import ConfigView
 from verl_safe_launch.errors import LaunchError
-from verl_safe_launch.hardware import GPU_KEYS, HardwareProfile
+from verl_safe_launch.inputs import GPU_KEYS, HardwareProfile
 
 POLL_S = 1.0
 

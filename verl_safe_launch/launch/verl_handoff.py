@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from verl_safe_launch.errors import LaunchError
-from verl_safe_launch.hooks import RUN_DIR_ENV
+from verl_safe_launch.launch.hooks import RUN_DIR_ENV
 from verl_safe_launch.launch.plan import LaunchBlocked, LaunchPlan
 from verl_safe_launch.launch.rundir import CONFIG_FILE, config_digest, render_config
-from verl_safe_launch.resources import CpuNeed, GpuNeed
+from verl_safe_launch.rules import CpuNeed, GpuNeed
 
 RUNNER_RECORD = "task_runner.json"
 

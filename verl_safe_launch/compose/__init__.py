@@ -1,0 +1,28 @@
+"""Composition of verl's config exactly as verl's Hydra entry point would, with every value's provenance."""
+
+from __future__ import annotations
+
+from verl_safe_launch.compose.engine import (
+    Composed,
+    Rejected,
+    available_presets,
+    build_view,
+    compose,
+    preset_dir,
+    require_accepted,
+)
+from verl_safe_launch.compose.interpolation import Resolver
+from verl_safe_launch.compose.overlay import Overlay, config_groups
+
+__all__ = [
+    "Composed",
+    "Overlay",
+    "Rejected",
+    "Resolver",
+    "available_presets",
+    "build_view",
+    "compose",
+    "config_groups",
+    "preset_dir",
+    "require_accepted",
+]

@@ -1,0 +1,348 @@
+"""Compose many override lists fast: verl's defaults composed once per engine, plain overrides laid over them.
+
+The result equals ``compose()`` for key overrides with literal values (``key=v``, ``+key=v``, ``++key=v``):
+the same writes, rejected overrides, values (dependent interpolations re-resolved by OmegaConf) and
+provenance. Anything else (user files, presets, deletions, mapping or interpolation values, subtree
+overrides) goes through ``compose()``. The config itself is not rebuilt: ``Composed.cfg`` is None, so these
+results serve checks and audits, never a launch.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import re
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from verl_safe_launch.compose.engine import Composed, Rejected, compose
+from verl_safe_launch.compose.interpolation import Resolver, Unsupported
+from verl_safe_launch.config_view import ConfigView, flatten
+from verl_safe_launch.errors import VslError
+from verl_safe_launch.inputs import (
+    ComposeRequest,
+    OverrideToken,
+    cli_tokens,
+    split_tool_tokens,
+    verl_config_dir,
+)
+from verl_safe_launch.provenance import Provenance, Write
+
+_TOKEN = re.compile(r"(\+\+|\+|~)?([A-Za-z_][\w\-]*(?:\.[A-Za-z_][\w\-]*)*)=(.*)", re.DOTALL)
+_REF = re.compile(r"\$\{(?:oc\.select:)?\s*([^,}\s$]+)")
+
+
+class _Fallback(Exception):
+    """This request needs a full composition."""
+
+
+@dataclass(frozen=True)
+class _Base:
+    composed: Composed
+    raw: dict[str, Any]
+    prefixes: frozenset[str]
+    by_key: dict[str, list[Write]]
+    dependents: dict[str, frozenset[str]]
+    refs: dict[str, tuple[str, ...]]
+
+
+class Overlay:
+    """Composes requests against cached compositions of verl's defaults; counts fast and full compositions."""
+
+    def __init__(self) -> None:
+        self._bases: dict[tuple[str, ...], _Base] = {}
+        self.fast = 0
+        self.full = 0
+
+    def compose(self, request: ComposeRequest) -> Composed:
+        """The composition of ``request`` (``compose(request)`` where the fast path does not apply)."""
+        try:
+            composed = self._fast(request)
+            self.fast += 1
+            return composed
+        except _Fallback:
+            self.full += 1
+            return compose(request)
+
+    def _fast(self, request: ComposeRequest) -> Composed:
+        if request.config_files or request.adapted or request.fills or request.preset:
+            raise _Fallback
+        verl_tokens, tool = split_tool_tokens(request.overrides)
+        if tool.preset:
+            raise _Fallback
+        groups, plain = _split_groups(verl_tokens)
+        base = self._base(tuple(t.text for t in groups))
+        state = _State(base, request.lenient)
+        for token in plain:
+            state.apply(token)
+        view = state.view()
+        return Composed(
+            None, view, (*base.composed.writes, *state.writes), tool, verl_tokens, tuple(state.rejected)
+        )
+
+    def _base(self, groups: tuple[str, ...]) -> _Base:
+        if groups not in self._bases:
+            try:
+                composed = compose(ComposeRequest(overrides=cli_tokens(list(groups))))
+            except VslError:
+                raise _Fallback from None
+            self._bases[groups] = _index(composed)
+        return self._bases[groups]
+
+
+def _split_groups(tokens: Iterable[OverrideToken]) -> tuple[list[OverrideToken], list[OverrideToken]]:
+    groups: list[OverrideToken] = []
+    plain: list[OverrideToken] = []
+    for token in tokens:
+        key = token.text.partition("=")[0].lstrip("+~")
+        if key in config_groups() or "/" in key or "@" in key:
+            if token.text.startswith(("+", "~")):
+                raise _Fallback
+            groups.append(token)
+        else:
+            plain.append(token)
+    return groups, plain
+
+
+@functools.cache
+def config_groups() -> frozenset[str]:
+    """verl's config groups (``model_engine``, ``actor``...): overrides of these choose files, not values."""
+    return frozenset(p.name for p in verl_config_dir().iterdir() if p.is_dir() and not p.name.startswith("_"))
+
+
+def _index(composed: Composed) -> _Base:
+    from omegaconf import OmegaConf
+
+    raw = flatten(OmegaConf.to_container(composed.cfg, resolve=False))  # type: ignore[arg-type]
+    prefixes = frozenset(k[:i] for k in raw for i, ch in enumerate(k) if ch == ".")
+    by_key: dict[str, list[Write]] = {}
+    for write in composed.writes:
+        by_key.setdefault(write.key, []).append(write)
+    refs = {key: _refs(key, value) for key, value in raw.items() if isinstance(value, str) and "${" in value}
+    dependents: dict[str, set[str]] = {}
+    for key, targets in refs.items():
+        for target in targets:
+            dependents.setdefault(target, set()).add(key)
+    frozen = {k: frozenset(v) for k, v in dependents.items()}
+    return _Base(composed, raw, prefixes, by_key, frozen, refs)
+
+
+def _refs(key: str, value: str) -> tuple[str, ...]:
+    out: list[str] = []
+    for target in _REF.findall(value):
+        if target.startswith("."):
+            dots = len(target) - len(target.lstrip("."))
+            target = ".".join([*key.split(".")[:-dots], target.lstrip(".")])
+        out.append(target)
+    return tuple(out)
+
+
+_SIMPLE_INT = re.compile(r"0|[1-9][0-9]*")
+_SIMPLE_FLOAT = re.compile(r"(0|[1-9][0-9]*)(\.[0-9]+|(\.[0-9]+)?[eE][+-]?[0-9]+)")
+_SIMPLE_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_SIMPLE_PATH = re.compile(r"[A-Za-z0-9_\-.]*/[A-Za-z0-9_\-./]*")
+_KEYWORDS = {"true": True, "false": False, "null": None}
+
+
+def _parse_value(text: str) -> tuple[bool, Any]:
+    """Hydra's reading of an override value; plain numbers, words, paths, booleans and null without its parser."""
+    if _SIMPLE_INT.fullmatch(text):
+        return True, int(text)
+    if _SIMPLE_FLOAT.fullmatch(text):
+        return True, float(text)
+    if _SIMPLE_PATH.fullmatch(text):
+        return True, text
+    if _SIMPLE_WORD.fullmatch(text):
+        lowered = text.lower()
+        if lowered in _KEYWORDS:
+            return True, _KEYWORDS[lowered]
+        if lowered not in ("inf", "nan"):
+            return True, text
+    return _parse_with_hydra(text)
+
+
+@functools.cache
+def _parser() -> Any:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    return OverridesParser.create()
+
+
+@functools.lru_cache(maxsize=8192)
+def _parse_with_hydra(text: str) -> tuple[bool, Any]:
+    """Hydra's own override parser on ``k=<text>`` (cached: values repeat across scripts)."""
+    from hydra.core.override_parser.types import ValueType
+    from hydra.errors import HydraException
+
+    try:
+        override = _parser().parse_override(f"k={text}")
+    except HydraException:
+        return False, None
+    if override.value_type is not ValueType.ELEMENT:
+        return False, None
+    value = override.value()
+    ok = not isinstance(value, dict) and not (isinstance(value, str) and "${" in value)
+    return ok, value
+
+
+class _State:
+    """The flat config being overlaid, the writes and rejections so far."""
+
+    def __init__(self, base: _Base, lenient: bool) -> None:
+        self.base = base
+        self.lenient = lenient
+        self.raw = dict(base.raw)
+        self.writes: list[Write] = []
+        self.rejected: list[Rejected] = []
+        self.changed: list[str] = []
+        self.added: list[str] = []
+
+    def apply(self, token: OverrideToken) -> None:
+        match = _TOKEN.fullmatch(token.text)
+        if match is None or match.group(1) == "~":
+            raise _Fallback
+        prefix, key, text = match.group(1) or "", match.group(2), match.group(3)
+        ok, value = _parse_value(text)
+        if (
+            not ok
+            or key in self.base.prefixes
+            or isinstance(self.raw.get(key), dict)
+            or self._under_leaf(key)
+        ):
+            raise _Fallback
+        exists = key in self.raw
+        if (prefix == "" and not exists) or (prefix == "+" and exists):
+            self._reject(token, key, exists)
+            return
+        if not exists:
+            self.added.append(key)
+        self.raw[key] = _copy(value)
+        self.writes.append(Write(key, _copy(value), token.source))
+        self.changed.append(key)
+
+    def _under_leaf(self, key: str) -> bool:
+        if key in self.raw:
+            return False
+        parts = key.split(".")
+        return any(".".join(parts[:i]) in self.raw for i in range(1, len(parts)))
+
+    def _reject(self, token: OverrideToken, key: str, exists: bool) -> None:
+        if not self.lenient:
+            raise _Fallback
+        reason = (
+            f"Could not append to config. An item is already at '{key}'."
+            if exists
+            else f"Could not override '{key}'."
+        )
+        self.rejected.append(Rejected(token, key, reason))
+
+    def view(self) -> ConfigView:
+        base_view = self.base.composed.view
+        if not self.changed:
+            return base_view
+        values = _ordered(dict(base_view.values), self.added)
+        provenance = dict(base_view.provenance)
+        for key in dict.fromkeys(self.changed):
+            values[key] = _copy(self.raw[key])
+            provenance[key] = self._provenance(key, values[key])
+        for key, value in self._dependents().items():
+            values[key] = value
+            provenance[key] = replace(provenance[key], value=value)
+        return ConfigView(values, provenance)
+
+    def _provenance(self, key: str, value: Any) -> Provenance:
+        chain = [*self.base.by_key.get(key, ()), *(w for w in self.writes if w.key == key)]
+        return Provenance(key, value, chain[-1].source, tuple(chain[:-1]))
+
+    def _dependents(self) -> dict[str, Any]:
+        """Re-resolve the interpolations that (transitively) read a changed key, with OmegaConf itself."""
+        changed = set(self.changed)
+        todo = deque(t for key in changed for t in _self_and_parents(key))
+        affected: set[str] = set()
+        while todo:
+            for dependent in self.base.dependents.get(todo.popleft(), ()):
+                if dependent not in affected and dependent not in changed:
+                    affected.add(dependent)
+                    todo.append(dependent)
+        if not affected:
+            return {}
+        resolver = Resolver(self.raw, self._leaves)
+        try:
+            return {key: resolver.value(key) for key in affected}
+        except Unsupported:
+            return _resolve(affected, self._closure(affected))
+
+    def _closure(self, keys: set[str]) -> dict[str, Any]:
+        needed: dict[str, Any] = {}
+        todo = deque(keys)
+        while todo:
+            key = todo.popleft()
+            for leaf in self._leaves(key):
+                if leaf in needed:
+                    continue
+                needed[leaf] = self.raw[leaf]
+                value = self.raw[leaf]
+                if isinstance(value, str) and "${" in value:
+                    todo.extend(_refs(leaf, value))
+        return needed
+
+    def _leaves(self, key: str) -> list[str]:
+        if key in self.raw:
+            return [key]
+        if key in self.base.prefixes or any(k.startswith(key + ".") for k in self.added):
+            dotted = key + "."
+            return [k for k in self.raw if k.startswith(dotted)]
+        return []
+
+
+def _copy(value: Any) -> Any:
+    return copy.deepcopy(value) if isinstance(value, list | dict) else value
+
+
+def _self_and_parents(key: str) -> list[str]:
+    parts = key.split(".")
+    return [".".join(parts[:i]) for i in range(len(parts), 0, -1)]
+
+
+def _resolve(keys: set[str], needed: dict[str, Any]) -> dict[str, Any]:
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    nested: dict[str, Any] = {}
+    for key, value in needed.items():
+        target = nested
+        *parents, leaf = key.split(".")
+        for part in parents:
+            target = target.setdefault(part, {})
+        target[leaf] = copy.deepcopy(value)
+    try:
+        tree = OmegaConf.to_container(OmegaConf.create(nested), resolve=True)
+    except OmegaConfBaseException:
+        raise _Fallback from None
+    out: dict[str, Any] = {}
+    for key in keys:
+        node: Any = tree
+        for part in key.split("."):
+            node = node[part]
+        out[key] = node
+    return out
+
+
+def _ordered(values: dict[str, Any], added: list[str]) -> dict[str, Any]:
+    """Place new keys where OmegaConf puts them: after the last leaf of their nearest existing parent."""
+    if not added:
+        return values
+    keys = list(values)
+    for key in added:
+        parts = key.split(".")
+        anchor = len(keys)
+        for cut in range(len(parts) - 1, 0, -1):
+            parent = ".".join(parts[:cut]) + "."
+            under = [i for i, k in enumerate(keys) if k.startswith(parent)]
+            if under:
+                anchor = under[-1] + 1
+                break
+        keys.insert(anchor, key)
+    return {k: values.get(k) for k in keys}

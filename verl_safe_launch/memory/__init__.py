@@ -1,0 +1,43 @@
+"""The per-stage GPU memory model, its findings, and the micro-batch fit."""
+
+from __future__ import annotations
+
+from verl_safe_launch.memory.checks import memory_findings
+from verl_safe_launch.memory.estimate import (
+    COMPONENTS,
+    DEFAULT_OVERHEAD_GIB,
+    MemoryEstimate,
+    StageEstimate,
+    estimate_memory,
+)
+from verl_safe_launch.memory.fit import KnobFit, candidates, fit_knobs
+from verl_safe_launch.memory.terms import (
+    GIB,
+    Entropy,
+    Pass,
+    kv_bytes_per_token,
+    layer_saved,
+    logits_bytes,
+    model_params,
+    pass_peak,
+)
+
+__all__ = [
+    "COMPONENTS",
+    "DEFAULT_OVERHEAD_GIB",
+    "GIB",
+    "Entropy",
+    "KnobFit",
+    "MemoryEstimate",
+    "Pass",
+    "StageEstimate",
+    "candidates",
+    "estimate_memory",
+    "fit_knobs",
+    "kv_bytes_per_token",
+    "layer_saved",
+    "logits_bytes",
+    "memory_findings",
+    "model_params",
+    "pass_peak",
+]

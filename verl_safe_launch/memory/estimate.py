@@ -1,0 +1,366 @@
+"""Per-stage GPU memory estimate (rollout, log-probs, actor update, critic) with its assumptions and verdicts."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+
+from verl_safe_launch.config_view import ARR
+from verl_safe_launch.context import RuleContext
+from verl_safe_launch.memory.engine import Engine, StageSpec, make_pass, read_engine, stage_specs
+from verl_safe_launch.memory.rollout import Finish, RolloutFacts, rollout_facts, rollout_stage
+from verl_safe_launch.memory.terms import BF16, FP32, GIB, coeffs_for, layer_params, pass_peak, root_params
+from verl_safe_launch.rules import BatchPlan, batch_plan
+
+COMPONENTS = (
+    "parameters",
+    "gradients",
+    "optimizer",
+    "gathered parameters",
+    "activations",
+    "logits and temporaries",
+    "KV cache",
+    "fixed overhead",
+)
+# Relative uncertainty per component: shards are exact arithmetic, activations and logits calibrated to ±10%.
+UNCERTAINTY = {
+    "parameters": 0.02,
+    "gradients": 0.02,
+    "optimizer": 0.02,
+    "gathered parameters": 0.25,
+    "activations": 0.10,
+    "logits and temporaries": 0.10,
+    "KV cache": 0.02,
+    "fixed overhead": 0.50,
+}
+UNCALIBRATED = 0.30
+FRAGMENTATION = 0.05  # the caching allocator's unusable slack, added to the high end of the band
+DEFAULT_MARGIN = 0.10
+DEFAULT_OVERHEAD_GIB = 1.0
+MODEL_KEY = {"actor": f"{ARR}.model.path", "critic": "critic.model.path"}
+
+
+@dataclass(frozen=True)
+class StageEstimate:
+    """One stage's peak per GPU: GiB per component, the phase that peaks, the band and the verdict."""
+
+    name: str
+    components: tuple[tuple[str, float], ...]
+    phase: str
+    batch: str
+    knob: str | None
+    low: float
+    high: float
+    verdict: str | None = None
+
+    @property
+    def total(self) -> float:
+        """The estimated peak in GiB."""
+        return sum(v for _, v in self.components)
+
+    def get(self, component: str) -> float:
+        """GiB of one component (0 when absent)."""
+        return dict(self.components).get(component, 0.0)
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Every stage's estimate, the assumptions behind them, and the GPU they are judged against."""
+
+    stages: tuple[StageEstimate, ...]
+    assumptions: tuple[str, ...]
+    gpu_memory_gib: float | None
+    margin: float
+    missing: str | None = None
+    rollout: RolloutFacts | None = None
+    notes: tuple[str, ...] = field(default=())
+
+    def stage(self, name: str) -> StageEstimate | None:
+        """The estimate of one stage by name."""
+        return next((s for s in self.stages if s.name == name), None)
+
+    @property
+    def peak(self) -> StageEstimate | None:
+        """The stage with the largest peak."""
+        return max(self.stages, key=lambda s: s.total, default=None)
+
+
+def verdict(total: float, gpu: float | None, margin: float) -> str | None:
+    """``fits`` with the margin, ``tight`` (fits without it), ``out of memory``; None without a GPU size."""
+    if gpu is None:
+        return None
+    if total * (1 + margin) <= gpu:
+        return "fits"
+    return "tight" if total <= gpu else "out of memory"
+
+
+def finish(
+    name: str, parts: Mapping[str, float], phase: str, batch: str, knob: str | None, ctx: Settings
+) -> StageEstimate:
+    """Bytes per component → a stage estimate in GiB with its band and verdict."""
+    gib = tuple((c, parts.get(c, 0.0) / GIB) for c in COMPONENTS if parts.get(c, 0.0) > 0)
+    total = sum(v for _, v in gib)
+    wide = {"activations", "logits and temporaries"} if not ctx.calibrated else set()
+    spread = sum(v * (UNCALIBRATED if c in wide else UNCERTAINTY[c]) for c, v in gib)
+    high = total + spread + FRAGMENTATION * total
+    return StageEstimate(
+        name, gib, phase, batch, knob, total - spread, high, verdict(total, ctx.gpu, ctx.margin)
+    )
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What every stage needs: GPU size, margin, overhead, sequence length and the engines."""
+
+    gpu: float | None
+    margin: float
+    overhead: float
+    seq_len: int
+    plan: BatchPlan
+    actor: Engine
+    critic: Engine | None
+    calibrated: bool
+    rollout_asleep: bool
+    specs: tuple[StageSpec, ...]
+    notes: tuple[str, ...] = ()
+    optimizer: str = "AdamW"
+
+
+def resident(engine: Engine | None, stage: str, running: bool) -> dict[str, float]:
+    """Bytes of one engine's shards on the GPU during a stage (offloaded state is on the CPU)."""
+    if engine is None or engine.cpu_policy:
+        return {}
+    own = running and engine.role != "ref"
+    updating = own and stage in ("actor update", "critic")
+    out: dict[str, float] = {}
+    if not engine.param_offload or own:
+        out["parameters"] = engine.params * engine.dtype_bytes / engine.shards
+    if updating:
+        out["gradients"] = engine.trainable * engine.dtype_bytes / engine.shards
+    if not engine.optimizer_offload or updating:
+        out["optimizer"] = 2 * engine.trainable * engine.dtype_bytes / engine.shards
+    return out
+
+
+def gathered(engine: Engine, backward: bool) -> float:
+    """Unsharded bf16 parameters in flight (head unit + prefetched layers) and, in backward, layer gradients."""
+    arch = engine.arch
+    layer, root = layer_params(arch), root_params(arch, engine.value_head)
+    if not engine.reshard_after_forward:
+        return BF16 * engine.params + (BF16 + FP32) * layer * backward
+    layers = 1 + int(engine.forward_prefetch or backward)
+    held: float = BF16 * root + BF16 * layers * layer
+    if backward:
+        trainable_layer = layer if not engine.lora_rank else engine.lora_params / arch.num_hidden_layers
+        held += (BF16 + FP32) * trainable_layer + (0 if engine.lora_rank else BF16 * root)
+    return held
+
+
+def add(*parts: Mapping[str, float]) -> dict[str, float]:
+    """Sum component dictionaries."""
+    out: dict[str, float] = {}
+    for part in parts:
+        for k, v in part.items():
+            out[k] = out.get(k, 0.0) + v
+    return out
+
+
+def training_stage(spec: StageSpec, s: Settings) -> StageEstimate:
+    """One log-prob, update or critic stage: resident shards + the peak of one micro batch."""
+    e = spec.engine
+    base = _base(spec, s)
+    tokens = spec.tokens(s.seq_len)
+    peak = pass_peak(e.arch, make_pass(spec, tokens))
+    during = {"gathered parameters": gathered(e, spec.backward), "activations": peak.activations}
+    during["logits and temporaries"] = peak.logits
+    parts, phase = add(base, during), peak.phase
+    if spec.backward:
+        parts, phase = _max_phase(parts, phase, base, e)
+    return finish(spec.name, parts, phase, spec.describe(s.seq_len), spec.knob, s)
+
+
+def _base(spec: StageSpec, s: Settings) -> dict[str, float]:
+    e = spec.engine
+    return add(
+        resident(s.actor, spec.name, e is s.actor),
+        resident(s.critic, spec.name, e is s.critic),
+        {"fixed overhead": s.overhead * GIB * 2},
+    )
+
+
+def _max_phase(
+    parts: dict[str, float], phase: str, base: dict[str, float], e: Engine
+) -> tuple[dict[str, float], str]:
+    """The micro-batch peak vs the end of backward (head gradients reduced in fp32) and the optimizer step."""
+    root = root_params(e.arch, e.value_head) if not e.lora_rank else 0
+    reduce = add(base, {"gathered parameters": (BF16 + BF16 + FP32) * root})
+    step = add(base, {"logits and temporaries": e.trainable * e.dtype_bytes / e.shards})
+    options = [(parts, phase), (reduce, "end of backward (head gradient reduce)"), (step, "optimizer step")]
+    return max(options, key=lambda o: sum(o[0].values()))
+
+
+def assumptions(s: Settings, specs: list[StageSpec], rollout: RolloutFacts | None) -> tuple[str, ...]:
+    """The assumptions behind the numbers, one line each."""
+    a = s.actor
+    lines = [
+        f"GPU memory {s.gpu:g} GiB (hardware.gpu_memory_gb), verdict margin {s.margin:.0%}"
+        if s.gpu
+        else "GPU memory unknown: no verdicts (set hardware.gpu_memory_gb=80)",
+        f"sequences at full length {s.seq_len} tokens (remove-padding worst case: every sequence prompt+response)",
+        f"actor shards: params {_dtype(a)} over {a.shards} GPUs, AdamW states in the same dtype, grads only in "
+        "the update" + _offload(a),
+        "mixed precision: bf16 compute, layers all-gathered one unit at a time (head unit kept during forward)",
+        "gradient checkpointing " + ("on: one layer input kept per layer" if a.checkpointing else "off"),
+        "log-probs: flash-attn cross-entropy (in-place gradient; verl[fsdp] installs flash-attn)",
+        _entropy_line(a),
+        "ref model: parameters on the CPU between layers (verl forces CPU offload for forward-only engines)",
+        f"fixed overhead {s.overhead:g} GiB per process: the trainer and the sleeping rollout server",
+        "band: shards ±2%, activations and logits ±10% (traced, bench/calibrate_memory.py), gathered "
+        "±25%, overhead ±50%, plus 5% allocator fragmentation on the high end",
+    ]
+    if s.optimizer not in ("AdamW", "Adam", "adamw", "adam"):
+        lines.append(f"optimizer {s.optimizer}: assumed to keep two states per parameter like AdamW")
+    if a.sp > 1:
+        lines.append(f"Ulysses sequence parallel {a.sp}: each GPU holds 1/{a.sp} of a micro batch's tokens")
+    if a.lora_rank:
+        lines.append(
+            f"LoRA rank {a.lora_rank}: gradients and optimizer for the adapters only; ref inside the actor"
+        )
+    if a.megatron:
+        lines.append("model_engine=megatron: modelled as FSDP with the same sharding (indicative only)")
+    if not coeffs_for(a.arch)[1]:
+        lines.append(f"architecture family '{a.arch.model_type}' not calibrated: Llama constants, wider band")
+    if any(spec.dynamic for spec in specs):
+        lines.append("dynamic batch size: a micro batch fills its token budget")
+    if rollout is not None:
+        lines.extend(rollout.assumptions)
+    return tuple(lines)
+
+
+def _dtype(e: Engine) -> str:
+    return "fp32" if e.dtype_bytes == 4 else "bf16"
+
+
+def _offload(e: Engine) -> str:
+    flags = [n for n, on in (("params", e.param_offload), ("optimizer", e.optimizer_offload)) if on]
+    if e.cpu_policy:
+        return "; FSDP2 CPU offload policy: shards live on the CPU"
+    return f"; offloaded to the CPU outside their stage: {', '.join(flags)}" if flags else ""
+
+
+def _entropy_line(e: Engine) -> str:
+    if e.fused_kernels:
+        return "fused kernels: log-probs and entropy in 512-token chunks, no full-vocabulary logits"
+    if e.entropy_chunking:
+        return f"entropy in chunks of {e.entropy_chunk} tokens (fp32 per chunk)"
+    if e.compile_entropy:
+        return "entropy compiled (torch.compile): fused reductions, no full-vocabulary fp32 buffer"
+    return "entropy eager: fp32 softmax and product over the full vocabulary"
+
+
+def prepare(ctx: RuleContext, margin: float, overhead_gib: float) -> Settings | str:
+    """The settings every stage needs, or why the model is unknown."""
+    view, plan = ctx.view, batch_plan(ctx.view)
+    if ctx.actor_arch is None:
+        return _unknown(view.get(MODEL_KEY["actor"]), "actor")
+    gpus = plan.gpus or 1
+    actor = read_engine(view, "actor", ctx.actor_arch, gpus)
+    ref = None
+    if plan.use_ref:
+        ref = actor if actor.lora_rank else read_engine(view, "ref", ctx.actor_arch, gpus)
+    critic: Engine | None = None
+    notes: tuple[str, ...] = ()
+    if plan.use_critic and ctx.critic_arch is None:
+        notes = ("critic stage not estimated: " + _unknown(view.get(MODEL_KEY["critic"]), "critic"),)
+    elif plan.use_critic and ctx.critic_arch is not None:
+        critic = read_engine(view, "critic", ctx.critic_arch, gpus)
+    _, measured = coeffs_for(ctx.actor_arch)
+    calibrated = measured and not actor.megatron
+    asleep = view.get(f"{ARR}.rollout.free_cache_engine") is not False
+    gpu = ctx.hardware.gpu_memory_gb
+    s = Settings(
+        gpu,
+        margin,
+        overhead_gib,
+        plan.max_seq_len or 1024,
+        plan,
+        actor,
+        critic,
+        calibrated,
+        asleep,
+        (),
+        notes,
+    )
+    optimizer = str(view.get(f"{ARR}.actor.optim.optimizer") or "AdamW")
+    return replace(s, specs=tuple(stage_specs(view, plan, actor, ref, critic)), optimizer=optimizer)
+
+
+def estimate_memory(
+    ctx: RuleContext, *, margin: float = DEFAULT_MARGIN, overhead_gib: float = DEFAULT_OVERHEAD_GIB
+) -> MemoryEstimate:
+    """Per-stage, per-component GPU memory of one config (pure: architecture, config, hardware)."""
+    s = prepare(ctx, margin, overhead_gib)
+    if isinstance(s, str):
+        return MemoryEstimate((), (), ctx.hardware.gpu_memory_gb, margin, missing=s)
+    assert ctx.actor_arch is not None
+    facts = rollout_facts(ctx.view, s.plan, ctx.actor_arch, s.gpu, _resident_total(s))
+    stages = [rollout_stage(facts, _base_rollout(s), s.overhead, finish_fn(s))]
+    stages += [_pooled(training_stage(spec, s), facts, s) for spec in s.specs]
+    lines = assumptions(s, list(s.specs), facts)
+    return MemoryEstimate(tuple(stages), lines, s.gpu, margin, rollout=facts, notes=s.notes)
+
+
+def stage_at(
+    ctx: RuleContext, name: str, *, margin: float = DEFAULT_MARGIN, overhead_gib: float = DEFAULT_OVERHEAD_GIB
+) -> Callable[[int], StageEstimate] | None:
+    """One training stage as a function of its knob (micro batch, or token budget under dynamic batching)."""
+    s = prepare(ctx, margin, overhead_gib)
+    if isinstance(s, str) or ctx.actor_arch is None:
+        return None
+    spec = next((sp for sp in s.specs if sp.name == name), None)
+    if spec is None:
+        return None
+    facts = rollout_facts(ctx.view, s.plan, ctx.actor_arch, s.gpu, _resident_total(s))
+    found = spec
+
+    def at(value: int) -> StageEstimate:
+        changed = replace(found, budget=value) if found.dynamic else replace(found, micro=value)
+        return _pooled(training_stage(changed, s), facts, s)
+
+    return at
+
+
+def finish_fn(s: Settings) -> Finish[StageEstimate]:
+    """``finish`` bound to the settings (for the rollout module)."""
+
+    def run(name: str, parts: Mapping[str, float], phase: str, batch: str, knob: str | None) -> StageEstimate:
+        return finish(name, parts, phase, batch, knob, s)
+
+    return run
+
+
+def _base_rollout(s: Settings) -> dict[str, float]:
+    return add(resident(s.actor, "rollout", False), resident(s.critic, "rollout", False))
+
+
+def _resident_total(s: Settings) -> float:
+    return sum(_base_rollout(s).values()) + s.overhead * GIB
+
+
+def _pooled(stage: StageEstimate, facts: RolloutFacts, s: Settings) -> StageEstimate:
+    """A training stage with the rollout pool still held (``free_cache_engine: false``)."""
+    if s.rollout_asleep or not facts.pool_bytes:
+        return stage
+    parts = {c: v * GIB for c, v in stage.components}
+    parts["KV cache"] = parts.get("KV cache", 0.0) + facts.pool_bytes
+    return finish(stage.name, parts, stage.phase, stage.batch, stage.knob, s)
+
+
+def _unknown(path: object, role: str) -> str:
+    key = MODEL_KEY[role]
+    why = (
+        f"no architecture for {role} model '{path}': not a local directory with config.json, not in the local "
+        f"Hugging Face cache, not in the bundled table; set {key} to a local model directory (config.json is "
+        "enough) or a known Hugging Face repo id"
+    )
+    return why

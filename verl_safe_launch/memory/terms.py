@@ -1,0 +1,238 @@
+"""Byte formulas of the memory model: activations, logits and temporaries per token, shards, KV cache."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from verl_safe_launch.context import Architecture
+
+GIB = float(1 << 30)
+BF16 = 2
+FP32 = 4
+DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2}
+FUSED_CHUNK_TOKENS = 512  # verl FusedLinearForPPO chunk (verl/utils/experimental/torch_functional.py)
+
+
+@dataclass(frozen=True)
+class LayerCoeffs:
+    """Bytes per token saved for backward by one decoder layer (bf16, flash attention, no dropout).
+
+    Saved = h·hidden + q·(heads×head_dim) + kv·(kv_heads×head_dim) + f·intermediate + heads·a + kv_heads·k + const.
+    Measured with ``bench/calibrate_memory.py --census`` (saved-tensor census of the transformers modules).
+    """
+
+    hidden: int
+    q: int
+    kv: int
+    mlp: int
+    heads: int
+    kv_heads: int
+    const: int
+    q_norm: bool = False
+
+
+# Llama and Qwen2 layers save the same tensors (Qwen2's q/k/v biases save nothing); Qwen3 adds q/k RMSNorm.
+LLAMA = LayerCoeffs(hidden=16, q=4, kv=4, mlp=8, heads=4, kv_heads=0, const=8)
+QWEN3 = LayerCoeffs(hidden=16, q=10, kv=10, mlp=8, heads=8, kv_heads=4, const=8, q_norm=True)
+FAMILIES: dict[str, LayerCoeffs] = {
+    "llama": LLAMA,
+    "qwen2": LLAMA,
+    "mistral": LLAMA,
+    "qwen3": QWEN3,
+}
+
+
+class Entropy(StrEnum):
+    """How the per-token entropy over the vocabulary is computed (or not) in a pass."""
+
+    NONE = "none"
+    COMPILED = "compiled"
+    EAGER = "eager"
+    CHUNKED = "chunked"
+
+
+# Bytes per token per vocabulary entry of the logits and their temporaries at the pass's peak, after the bf16
+# logits themselves (measured by bench/calibrate_memory.py --variants; COMPILED with a gradient is derived:
+# the compiled entropy keeps no full-vocabulary buffer, its backward writes one bf16 gradient).
+LOGIT_EXTRA: dict[tuple[Entropy, bool], float] = {
+    (Entropy.NONE, False): 0.0,
+    (Entropy.NONE, True): 0.0,
+    (Entropy.COMPILED, False): 0.0,
+    (Entropy.COMPILED, True): 4.0,
+    (Entropy.EAGER, False): 8.0,
+    (Entropy.EAGER, True): 14.0,
+    (Entropy.CHUNKED, False): 0.0,
+    (Entropy.CHUNKED, True): 8.0,
+}
+ENTROPY_CHECKPOINTED_GRAD = 14.0  # recomputed in backward: the same peak as eager, only later
+CHUNK_BYTES_PER_ENTRY = {False: 12.0, True: 16.0}  # one chunk's fp32 copy, softmax, product (and gradients)
+FUSED_BYTES_PER_ENTRY = {False: 12.0, True: 24.0}  # fused kernels: one 512-token chunk's fp32 temporaries
+PER_TOKEN_LOGPROB = 8  # fp32 log-prob and log-sum-exp per token
+
+
+@dataclass(frozen=True)
+class Pass:
+    """One micro batch of one stage on one GPU: tokens, forward only or forward+backward, and the settings."""
+
+    tokens: int
+    backward: bool
+    vocab: int
+    checkpointing: bool = True
+    entropy: Entropy = Entropy.NONE
+    entropy_chunk: int = 2048
+    entropy_checkpointing: bool = False
+    temperature_copy: bool = False
+    packed_copy: bool = False
+    fused_kernels: bool = False
+    activation_offload: bool = False
+    mlp_shards: int = 1
+    liger: bool = False
+
+
+@dataclass(frozen=True)
+class PassPeak:
+    """Peak bytes of one pass: activations, logits with their temporaries, and which phase peaks."""
+
+    activations: float
+    logits: float
+    phase: str
+
+    @property
+    def total(self) -> float:
+        """Activations plus logits and temporaries."""
+        return self.activations + self.logits
+
+
+def coeffs_for(arch: Architecture) -> tuple[LayerCoeffs, bool]:
+    """The layer coefficients of an architecture family, and whether that family was measured."""
+    coeffs = FAMILIES.get(arch.model_type)
+    return (coeffs, True) if coeffs is not None else (LLAMA, False)
+
+
+def _dims(arch: Architecture, p: Pass) -> tuple[int, int, int, float, int]:
+    q = arch.num_attention_heads * arch.head_dim
+    kv = arch.num_key_value_heads * arch.head_dim
+    f = arch.moe_intermediate_size * arch.num_experts_per_tok if arch.num_experts else arch.intermediate_size
+    return arch.hidden_size, q, kv, f / max(1, p.mlp_shards), arch.head_dim
+
+
+def layer_saved(arch: Architecture, p: Pass) -> float:
+    """Bytes per token one decoder layer saves for backward without checkpointing."""
+    c, _ = coeffs_for(arch)
+    h, q, kv, f, _d = _dims(arch, p)
+    hidden = 4 if p.liger else c.hidden  # liger RMSNorm keeps the bf16 input and rstd only
+    mlp = 6 if p.liger else c.mlp  # liger SwiGLU recomputes the activation
+    return (
+        hidden * h
+        + c.q * q
+        + c.kv * kv
+        + mlp * f
+        + c.heads * arch.num_attention_heads
+        + c.kv_heads * arch.num_key_value_heads
+        + c.const
+    )
+
+
+def layer_backward_extra(arch: Architecture, p: Pass) -> float:
+    """Bytes per token of one layer's backward beyond what it saved (measured)."""
+    h, _q, _kv, f, d = _dims(arch, p)
+    if p.checkpointing:
+        return max(6 * h, 2 * f + 2 * h) + 4 * d + 20
+    return max(20 * h, 4 * f + 2 * h) + 4 * d + 20
+
+
+def layer_forward_peak(arch: Architecture, p: Pass) -> float:
+    """Bytes per token at the peak of one layer's forward without autograd (residual included; measured)."""
+    c, _ = coeffs_for(arch)
+    h, q, _kv, f, d = _dims(arch, p)
+    attention = 6 * h + 10 * q if c.q_norm else 0
+    return max(14 * h, 4 * f + 8 * h, attention) + 4 * d + 8
+
+
+def head_saved(arch: Architecture) -> float:
+    """Bytes per token the final norm and the head keep for backward (fp32 copy, rstd, bf16 normalized, output)."""
+    return 8 * arch.hidden_size + 4 + 4 * arch.head_dim
+
+
+def saved_layers(arch: Architecture, p: Pass) -> float:
+    """Bytes per token all decoder layers keep for backward (layer inputs only under checkpointing)."""
+    per_layer = 2 * arch.hidden_size if p.checkpointing else layer_saved(arch, p)
+    layers = min(arch.num_hidden_layers, 2) if p.activation_offload else arch.num_hidden_layers
+    return layers * per_layer
+
+
+def logits_bytes(p: Pass, hidden: int) -> float:
+    """Logits and their temporaries at the peak of the pass (bytes, whole micro batch)."""
+    t, v = p.tokens, p.vocab
+    weight_grad = BF16 * v * hidden if p.backward else 0  # the fused backward's own head-gradient buffer
+    if p.fused_kernels:
+        chunk = FUSED_BYTES_PER_ENTRY[p.backward] * min(t, FUSED_CHUNK_TOKENS) * v
+        return chunk + weight_grad + PER_TOKEN_LOGPROB * t
+    copies = BF16 * (1 + int(p.temperature_copy) + int(p.packed_copy))
+    entropy = Entropy.EAGER if p.packed_copy and p.entropy is not Entropy.NONE else p.entropy
+    extra = LOGIT_EXTRA[(entropy, p.backward)] * t * v
+    if entropy is Entropy.CHUNKED:
+        extra += CHUNK_BYTES_PER_ENTRY[p.backward] * min(t, p.entropy_chunk) * v
+    if p.backward and p.entropy_checkpointing and entropy is not Entropy.NONE:
+        extra = ENTROPY_CHECKPOINTED_GRAD * t * v
+    return copies * t * v + extra + PER_TOKEN_LOGPROB * t
+
+
+def pass_peak(arch: Architecture, p: Pass) -> PassPeak:
+    """Peak activations and logits of one micro batch: the larger of the head phase and the layer phase."""
+    t, h = p.tokens, arch.hidden_size
+    logits = logits_bytes(p, h)
+    if not p.backward:
+        head = PassPeak(2 * h * t, logits, "logits of the forward")
+        layer = PassPeak(layer_forward_peak(arch, p) * t, 0.0, "one layer's forward")
+        return head if head.total >= layer.total else layer
+    kept = saved_layers(arch, p) * t
+    head = PassPeak(kept + (head_saved(arch) + 2 * h) * t, logits, "start of backward (logits)")
+    inner = layer_backward_extra(arch, p) + (layer_saved(arch, p) if p.checkpointing else 0)
+    layer = PassPeak(kept + inner * t, 0.0, "backward of the last layer")
+    return head if head.total >= layer.total else layer
+
+
+def layer_params(arch: Architecture) -> int:
+    """Parameters of one decoder layer."""
+    h, n = arch.hidden_size, arch.num_hidden_layers
+    embed = arch.vocab_size * h * (1 if arch.tie_word_embeddings else 2)
+    return (arch.params - embed - h) // max(1, n)
+
+
+def root_params(arch: Architecture, value_head: bool = False) -> int:
+    """Parameters outside the decoder layers: embeddings, head (or a value head) and final norm."""
+    h, v = arch.hidden_size, arch.vocab_size
+    head = h if value_head else (0 if arch.tie_word_embeddings else v * h)
+    return v * h + head + h
+
+
+def model_params(arch: Architecture, value_head: bool = False) -> int:
+    """All parameters (a value head replaces the LM head for the critic)."""
+    return layer_params(arch) * arch.num_hidden_layers + root_params(arch, value_head)
+
+
+def lora_params(arch: Architecture, rank: int, all_linear: bool = True) -> int:
+    """LoRA adapter parameters: rank × (in + out) per adapted linear of every layer."""
+    h, f = arch.hidden_size, arch.intermediate_size
+    q = arch.num_attention_heads * arch.head_dim
+    kv = arch.num_key_value_heads * arch.head_dim
+    attn = (h + q) + 2 * (h + kv) + (q + h)
+    mlp = 3 * (h + f) if all_linear else 0
+    return rank * (attn + mlp) * arch.num_hidden_layers
+
+
+def kv_bytes_per_token(arch: Architecture, tp: int, dtype_bytes: int = BF16) -> int:
+    """KV-cache bytes per token on one TP rank: K and V of every layer (KV heads replicated when fewer than TP)."""
+    heads = max(1, -(-arch.num_key_value_heads // max(1, tp)))
+    return 2 * arch.num_hidden_layers * heads * arch.head_dim * dtype_bytes
+
+
+def engine_activation_bytes(arch: Architecture, tp: int, batched_tokens: int, max_seqs: int) -> float:
+    """The inference engine's profiled peak: one forward of ``batched_tokens`` plus sampling ``max_seqs`` rows."""
+    h, f = arch.hidden_size, arch.intermediate_size
+    q = arch.num_attention_heads * arch.head_dim
+    per_token = BF16 * (4 * h + (4 * f + 2 * q) / max(1, tp))
+    sampler = 3 * FP32 * max_seqs * arch.vocab_size
+    return per_token * batched_tokens + sampler

@@ -1,0 +1,7 @@
+"""The pre-flight pipeline: composed config → audit → presets → rules → memory, every finding at once."""
+
+from __future__ import annotations
+
+from verl_safe_launch.preflight.pipeline import Preflight, rule_context, run_preflight
+
+__all__ = ["Preflight", "rule_context", "run_preflight"]

@@ -1,0 +1,61 @@
+"""The pre-flight pipeline: composed config → audit → rules → memory, all findings collected in one pass."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from verl_safe_launch.audit import audit
+from verl_safe_launch.compose import Composed
+from verl_safe_launch.context import Architecture, HardwareFacts, RuleContext
+from verl_safe_launch.findings import Finding, has_errors
+from verl_safe_launch.inputs import (
+    HardwareProfile,
+    as_profile,
+    detect_hardware,
+    hardware_findings,
+    load_architecture,
+)
+from verl_safe_launch.memory import memory_findings
+from verl_safe_launch.presets import preset_findings
+from verl_safe_launch.rules import run_rules
+
+
+@dataclass(frozen=True)
+class Preflight:
+    """The outcome of the pre-flight: every finding, plus what the stages knew."""
+
+    composed: Composed
+    findings: tuple[Finding, ...]
+    context: RuleContext
+    extras: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        """True when nothing blocks the launch."""
+        return not has_errors(self.findings)
+
+
+def hardware_from_tokens(composed: Composed) -> HardwareFacts:
+    """Hardware facts: ``hardware.*`` tokens, then a Slurm allocation, then nvidia-smi."""
+    return detect_hardware(composed.tool).facts()
+
+
+def rule_context(composed: Composed, hardware: HardwareFacts | None = None) -> RuleContext:
+    """The read-only context every rule sees."""
+    view = composed.view
+    actor: Architecture | None = load_architecture(view.get("actor_rollout_ref.model.path"))
+    critic: Architecture | None = load_architecture(view.get("critic.model.path"))
+    return RuleContext(view, actor, critic, hardware or hardware_from_tokens(composed))
+
+
+def run_preflight(composed: Composed, hardware: HardwareFacts | HardwareProfile | None = None) -> Preflight:
+    """Run every pre-flight stage on a composed config and collect all findings."""
+    profile = as_profile(composed.tool, hardware)
+    ctx = rule_context(composed, profile.facts())
+    findings: list[Finding] = []
+    findings.extend(audit(composed))
+    findings.extend(preset_findings(composed, profile))
+    findings.extend(hardware_findings(composed.view, profile))
+    findings.extend(run_rules(ctx))
+    findings.extend(memory_findings(ctx))
+    return Preflight(composed, tuple(findings), ctx)

@@ -1,0 +1,131 @@
+"""Render findings as text or JSON (deterministic, no timestamps)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from verl_safe_launch.config_view import format_value
+from verl_safe_launch.findings import Finding, Severity, sort_findings
+
+if TYPE_CHECKING:
+    from rich.text import Text
+
+JSON_SCHEMA_VERSION = 1
+
+
+def render_finding(finding: Finding) -> str:
+    """One finding: the header line, each involved value with its source, then the fix."""
+    lines = [f"{finding.severity.value} [{finding.rule_id}] {finding.message}"]
+    width = max((len(key) for key, _, _ in finding.sources), default=0)
+    for key, value, source in finding.sources:
+        lines.append(f"  {key:<{width}} = {format_value(value):<6} from {source.describe()}")
+    if finding.fix:
+        lines.append(f"  fix: {finding.fix}")
+    return "\n".join(lines)
+
+
+def summary_line(findings: Sequence[Finding]) -> str:
+    """``2 errors, 1 warning, 0 info`` and the verdict."""
+    counts = {sev: sum(1 for f in findings if f.severity is sev) for sev in Severity}
+    verdict = "NO-GO" if counts[Severity.ERROR] else "GO"
+    parts = [
+        f"{counts[Severity.ERROR]} error{'s' if counts[Severity.ERROR] != 1 else ''}",
+        f"{counts[Severity.WARNING]} warning{'s' if counts[Severity.WARNING] != 1 else ''}",
+        f"{counts[Severity.INFO]} info",
+    ]
+    return f"{verdict}: " + ", ".join(parts)
+
+
+def render_findings_text(findings: Sequence[Finding]) -> str:
+    """All findings, errors first, then the summary line."""
+    ordered = sort_findings(list(findings))
+    blocks = [render_finding(f) for f in ordered]
+    return "\n\n".join([*blocks, summary_line(ordered)]) + "\n"
+
+
+def findings_json(findings: Sequence[Finding]) -> list[dict[str, object]]:
+    """Findings in their stable JSON form, errors first."""
+    return [f.to_json() for f in sort_findings(list(findings))]
+
+
+def counts(findings: Sequence[Finding]) -> dict[str, int]:
+    """Findings per severity: ``{"errors": 1, "warnings": 0, "info": 2}``."""
+    by = {sev: sum(1 for f in findings if f.severity is sev) for sev in Severity}
+    return {"errors": by[Severity.ERROR], "warnings": by[Severity.WARNING], "info": by[Severity.INFO]}
+
+
+def verdict(findings: Sequence[Finding]) -> str:
+    """``go`` when nothing blocks the launch, else ``no-go``."""
+    return "no-go" if any(f.severity is Severity.ERROR for f in findings) else "go"
+
+
+def report_json(findings: Sequence[Finding], **extra: object) -> dict[str, object]:
+    """The stable JSON report: schema version, verdict, counts, findings (errors first), then ``extra``."""
+    return {
+        "schema": JSON_SCHEMA_VERSION,
+        "verdict": verdict(findings),
+        "summary": counts(findings),
+        "findings": findings_json(findings),
+        **extra,
+    }
+
+
+_GROUP_TITLES = {Severity.ERROR: "errors", Severity.WARNING: "warnings", Severity.INFO: "info"}
+_GROUP_STYLES = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
+
+
+def render_findings_table(findings: Sequence[Finding], *, width: int = 110, color: bool = False) -> str:
+    """Findings as rich tables, one per severity (errors first), then the summary line.
+
+    Deterministic for a given width when ``color`` is false (no ANSI codes), so it can be compared in tests.
+    """
+    import io
+
+    from rich.console import Console
+    from rich.table import Table
+
+    out = io.StringIO()
+    console = Console(file=out, width=width, no_color=not color, force_terminal=color, highlight=False)
+    for severity in Severity:
+        group = [f for f in sort_findings(list(findings)) if f.severity is severity]
+        if not group:
+            continue
+        title = f"{_GROUP_TITLES[severity]} ({len(group)})"
+        table = Table(
+            title=title,
+            title_justify="left",
+            title_style=_GROUP_STYLES[severity],
+            show_lines=True,
+            expand=True,
+        )
+        table.add_column("rule", style=_GROUP_STYLES[severity], no_wrap=True)
+        table.add_column("finding", overflow="fold")
+        for finding in group:
+            table.add_row(finding.rule_id, _cell(finding))
+        console.print(table)
+    console.print(summary_line(findings), markup=False)
+    return out.getvalue()
+
+
+def _cell(finding: Finding) -> Text:
+    from rich.text import Text
+
+    text = Text(finding.message)
+    for key, value, source in finding.sources:
+        text.append(f"\n  {key} = {format_value(value)}  from {source.describe()}", style="dim")
+    if finding.fix:
+        text.append("\n  fix: ", style="bold")
+        text.append(finding.fix)
+    return text
+
+
+def render_report(findings: Sequence[Finding]) -> str:
+    """The text report: rich tables grouped by severity on a terminal, plain deterministic text otherwise."""
+    import shutil
+    import sys
+
+    if sys.stdout.isatty() and not os.environ.get("NO_COLOR"):
+        return render_findings_table(findings, width=shutil.get_terminal_size().columns, color=True)
+    return render_findings_text(findings)

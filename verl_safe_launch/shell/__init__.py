@@ -1,0 +1,7 @@
+"""Raw bash launch scripts → the override tokens of every verl launch in them, read without running them."""
+
+from __future__ import annotations
+
+from verl_safe_launch.shell.script import ScriptLaunch, ScriptNote, parse_script, read_script
+
+__all__ = ["ScriptLaunch", "ScriptNote", "parse_script", "read_script"]
