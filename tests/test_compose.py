@@ -53,6 +53,20 @@ def test_composed_config_equals_hydra_compose(overrides: list[str]) -> None:
     assert OmegaConf.to_container(ours.cfg, resolve=False) == _hydra_compose(overrides)  # type: ignore[attr-defined]
 
 
+def test_compositions_in_one_process_do_not_leak_into_each_other(tmp_path: Path) -> None:
+    """verl's defaults are composed once and reused: nothing a composition writes may reach the next one."""
+    user = tmp_path / "run.yaml"
+    user.write_text("trainer:\n  project_name: from_file\n")
+    before = _compose().view  # type: ignore[attr-defined]
+    _compose("model_engine=megatron", "+trainer.extra=1", "~trainer.logger", files=(user,))
+    changed = _compose("data.train_batch_size=60", "+trainer.extra=2", files=(user,))
+    assert changed.view.get("trainer.extra") == 2  # type: ignore[attr-defined]
+    after = _compose()
+    assert OmegaConf.to_container(after.cfg, resolve=False) == _hydra_compose([])  # type: ignore[attr-defined]
+    assert dict(after.view.provenance) == dict(before.provenance)  # type: ignore[attr-defined]
+    assert after.cfg is not _compose().cfg  # type: ignore[attr-defined]
+
+
 def test_cli_value_records_position_and_replaced_verl_default() -> None:
     view = _compose("data.train_batch_size=60", "actor_rollout_ref.rollout.n=12").view  # type: ignore[attr-defined]
     prov = view.prov("data.train_batch_size")

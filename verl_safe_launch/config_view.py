@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,21 +49,26 @@ class ConfigView:
 
     def nested(self, prefix: str = "") -> Any:
         """The subtree below ``prefix`` as nested plain dicts (the whole config for an empty prefix)."""
-        out: dict[str, Any] = {}
         items = self.subtree(prefix) if prefix else dict(self.values)
         if prefix in items:
             return items[prefix]
         cut = len(prefix) + 1 if prefix else 0
-        for key, value in items.items():
-            _set_path(out, key[cut:].split("."), value)
-        return out
+        return nest((key[cut:], value) for key, value in items.items())
 
 
-def _set_path(out: dict[str, Any], parts: list[str], value: Any) -> None:
-    target = out
-    for part in parts[:-1]:
-        target = target.setdefault(part, {})
-    target[parts[-1]] = value
+def nest(items: Iterable[tuple[str, Any]]) -> dict[str, Any]:
+    """Nested plain dicts from ``(dotted key, value)`` pairs; a later pair wins over an earlier one."""
+    out: dict[str, Any] = {}
+    for key, value in items:
+        *parents, leaf = key.split(".")
+        target = out
+        for part in parents:
+            child = target.get(part)
+            if not isinstance(child, dict):
+                child = target[part] = {}
+            target = child
+        target[leaf] = value
+    return out
 
 
 def is_missing(value: Any) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -102,3 +103,11 @@ class Provenance:
             data["follows"] = self.follows
         data["history"] = [{"value": w.value, "source": w.source.to_json()} for w in self.history]
         return data
+
+
+def writes_by_key(writes: Iterable[Write]) -> dict[str, list[Write]]:
+    """The writes of each key, in the order they were made (keys in order of their first write)."""
+    by_key: dict[str, list[Write]] = {}
+    for write in writes:
+        by_key.setdefault(write.key, []).append(write)
+    return by_key

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from verl_safe_launch.compose import Composed, config_groups
+from verl_safe_launch.config_view import nest
 from verl_safe_launch.errors import InputError
 from verl_safe_launch.inputs import parse_yaml
 from verl_safe_launch.provenance import Layer, Source, Write
@@ -153,15 +154,7 @@ def render_yaml(migration: Migration) -> str:
         "# Each value cites the script line it came from. Use it with:",
         f"#   {command_line(migration)}",
     ]
-    tree: dict[str, object] = {}
-    for entry in migration.entries:
-        node = tree
-        *parents, leaf = entry.key.split(".")
-        for part in parents:
-            child = node.setdefault(part, {})
-            assert isinstance(child, dict)
-            node = child
-        node[leaf] = entry
+    tree = nest((entry.key, entry) for entry in migration.entries)
     _emit(tree, 0, name, lines)
     return "\n".join(lines) + "\n"
 

@@ -9,7 +9,7 @@ from verl_safe_launch.compose import Composed
 from verl_safe_launch.config_view import ARR, ConfigView
 from verl_safe_launch.findings import Finding, Rule, Severity
 from verl_safe_launch.inputs import KeyFacts, key_facts, verl_prefix
-from verl_safe_launch.provenance import Layer, Source, Write
+from verl_safe_launch.provenance import Layer, Source, Write, writes_by_key
 
 
 @dataclass(frozen=True)
@@ -29,10 +29,8 @@ class AuditContext:
     @classmethod
     def build(cls, composed: Composed) -> AuditContext:
         """Index the writes of anything but verl's defaults, per key, in order."""
-        explicit: dict[str, list[Write]] = {}
-        for write in composed.writes[verl_prefix(composed.writes) :]:
-            if write.source.layer is not Layer.VERL:
-                explicit.setdefault(write.key, []).append(write)
+        after_verl = composed.writes[verl_prefix(composed.writes) :]
+        explicit = writes_by_key(w for w in after_verl if w.source.layer is not Layer.VERL)
         effective = tuple(
             w[-1] for w in explicit.values() if w[-1].source.layer in (Layer.FILE, Layer.SCRIPT, Layer.CLI)
         )

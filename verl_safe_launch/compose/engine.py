@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import difflib
 import functools
 import importlib.resources
@@ -11,10 +12,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from verl_safe_launch.compose import _hydra
+from verl_safe_launch.compose.interpolation import absolute_key
 from verl_safe_launch.config_view import ConfigView, flatten
 from verl_safe_launch.errors import ConfigError, UsageError, VslError, collect
 from verl_safe_launch.inputs import (
-    PRIMARY_CONFIG,
     ComposeRequest,
     OverrideToken,
     ToolSettings,
@@ -26,7 +28,7 @@ from verl_safe_launch.inputs import (
     split_tool_tokens,
     verl_config_dir,
 )
-from verl_safe_launch.provenance import Layer, Provenance, Source, Write
+from verl_safe_launch.provenance import Layer, Provenance, Source, Write, writes_by_key
 
 _STRIPPED_FILE_KEYS = ("defaults", "hydra")
 _INTERP = re.compile(r"\$\{(?:oc\.select:)?\s*([^,}\s]+)")
@@ -64,27 +66,28 @@ def available_presets() -> list[str]:
 
 
 def compose(request: ComposeRequest) -> Composed:
-    """Build the final config from verl defaults, preset, user files and overrides, with provenance."""
-    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    """Build the final config from verl defaults, preset, user files and overrides, with provenance.
+
+    verl's composed defaults are built once per process for each set of config-group choices
+    (``model_engine=megatron``...) and copied for each composition; the layers above them are applied to the
+    copy in Hydra's order, so the result equals Hydra's own ``compose()`` of the same overrides.
+    """
     from omegaconf import OmegaConf
 
     verl_tokens, tool = split_tool_tokens(request.overrides)
     parsed = [(parse_override(t), t) for t in verl_tokens]
-    loader, repo = _hydra_loader()
-    defaults = _defaults_list(repo, [p for p, _ in parsed], verl_tokens)
-    writes: list[Write] = []
-    cfg = _compose_verl(loader, repo, defaults.defaults, writes)
+    base, config_overrides = _verl_base(parsed, verl_tokens)
+    cfg = copy.deepcopy(base.cfg)
+    writes = list(base.writes)
     preset_name = request.preset or (tool.preset[0] if tool.preset else None)
     for layer_writes in _user_layers(preset_name, tool, request):
         for write in layer_writes:
             _set(cfg, write)
         writes.extend(layer_writes)
     OmegaConf.set_struct(cfg, True)
-    sources = {id(p): t for p, t in parsed}
     rejected: list[Rejected] = []
-    for override in defaults.config_overrides:
-        token = sources[id(override)]
-        reason = _try_apply(ConfigLoaderImpl, cfg, override, token, lenient=request.lenient)
+    for override, token in config_overrides:
+        reason = _try_apply(cfg, override, token, lenient=request.lenient)
         if reason is not None:
             rejected.append(Rejected(token, override.key_or_group, reason))
             continue
@@ -94,34 +97,37 @@ def compose(request: ComposeRequest) -> Composed:
     return Composed(cfg, view, tuple(writes), tool, verl_tokens, tuple(rejected))
 
 
-def _hydra_loader() -> tuple[Any, Any]:
-    from hydra._internal.config_loader_impl import ConfigLoaderImpl
-    from hydra._internal.config_repository import CachingConfigRepository
-    from hydra._internal.utils import create_config_search_path
+@dataclass(frozen=True)
+class _Base:
+    """verl's composed defaults for one set of config-group choices, and the writes of verl's YAML files."""
 
-    loader = ConfigLoaderImpl(config_search_path=create_config_search_path(str(verl_config_dir())))
-    return loader, CachingConfigRepository(loader.repository)
+    cfg: Any
+    writes: tuple[Write, ...]
 
 
-def _defaults_list(repo: Any, parsed: list[Any], tokens: Sequence[OverrideToken]) -> Any:
-    from hydra._internal.defaults_list import create_defaults_list
+_BASES: dict[tuple[str, ...], _Base] = {}
+"""verl's composed defaults per config-group choices (the overrides' text, in order); never mutated."""
+
+
+def _verl_base(
+    parsed: list[tuple[Any, OverrideToken]], tokens: Sequence[OverrideToken]
+) -> tuple[_Base, list[tuple[Any, OverrideToken]]]:
+    """verl's defaults under the group choices among ``parsed`` (cached), and the overrides left to apply."""
     from hydra.errors import HydraException
 
     try:
-        return create_defaults_list(
-            repo=repo,
-            config_name=PRIMARY_CONFIG,
-            overrides_list=parsed,
-            prepend_hydra=False,
-            skip_missing=False,
-        )
+        config_ids = {id(o) for o in _hydra.config_overrides([o for o, _ in parsed])}
+        groups = [o for o, _ in parsed if id(o) not in config_ids]
+        key = tuple(o.input_line for o in groups)
+        if key not in _BASES:
+            _BASES[key] = _compose_verl(groups)
     except HydraException as exc:
-        where = _token_mentioned(str(exc), tokens)
         raise ConfigError(
             f"cannot compose verl's config: {str(exc).splitlines()[0]}",
-            where=where,
+            where=_token_mentioned(str(exc), tokens),
             fix="check the config group override (e.g. model_engine=dp|megatron|veomni|torchtitan)",
         ) from None
+    return _BASES[key], [(o, t) for o, t in parsed if id(o) in config_ids]
 
 
 def _token_mentioned(message: str, tokens: Sequence[OverrideToken]) -> str | None:
@@ -132,23 +138,23 @@ def _token_mentioned(message: str, tokens: Sequence[OverrideToken]) -> str | Non
     return None
 
 
-def _compose_verl(loader: Any, repo: Any, defaults: list[Any], writes: list[Write]) -> Any:
-    cfg = loader._compose_config_from_defaults_list(defaults=defaults, repo=repo)
-    for default in defaults:
-        if default.config_path is None:
-            continue
-        path = verl_config_dir() / f"{default.config_path}.yaml"
+def _compose_verl(group_overrides: list[Any]) -> _Base:
+    defaults, entries = _hydra.defaults_list(group_overrides)
+    cfg = _hydra.compose_defaults(defaults)
+    writes: list[Write] = []
+    for entry in entries:
+        path = verl_config_dir() / f"{entry.config_path}.yaml"
         if not path.is_file():
             continue
         doc = _read_verl_yaml(path, path.stat().st_mtime_ns)
-        prefix = f"{default.package}." if default.package else ""
+        prefix = f"{entry.package}." if entry.package else ""
         source_file = display_path(path.resolve())
         for leaf in doc.leaves:
             top = leaf.key.split(".", 1)[0]
             if top in _STRIPPED_FILE_KEYS:
                 continue
             writes.append(Write(prefix + leaf.key, leaf.value, Source(Layer.VERL, source_file, leaf.line)))
-    return cfg
+    return _Base(cfg, tuple(writes))
 
 
 @functools.lru_cache(maxsize=256)
@@ -190,29 +196,15 @@ def _set(cfg: Any, write: Write) -> None:
         OmegaConf.update(cfg, write.key, write.value, merge=True, force_add=True)
 
 
-def _apply_override(loader_cls: Any, cfg: Any, override: Any, token: OverrideToken) -> None:
-    from hydra.errors import HydraException
-
-    try:
-        loader_cls._apply_overrides_to_config([override], cfg)
-    except HydraException as exc:
-        raise _override_error(exc, override, token, cfg) from None
-
-
-def _try_apply(
-    loader_cls: Any, cfg: Any, override: Any, token: OverrideToken, *, lenient: bool
-) -> str | None:
+def _try_apply(cfg: Any, override: Any, token: OverrideToken, *, lenient: bool) -> str | None:
     """Apply one override; when lenient, return Hydra's reason for a refused key instead of raising."""
     from hydra.errors import HydraException
 
-    if not lenient:
-        _apply_override(loader_cls, cfg, override, token)
-        return None
     try:
-        loader_cls._apply_overrides_to_config([override], cfg)
+        _hydra.apply_override(override, cfg)
     except HydraException as exc:
         first = str(exc).splitlines()[0]
-        if first.startswith(("Could not override", "Could not append")):
+        if lenient and first.startswith(("Could not override", "Could not append")):
             return first
         raise _override_error(exc, override, token, cfg) from None
     return None
@@ -296,7 +288,7 @@ def build_view(cfg: Any, writes: Sequence[Write]) -> ConfigView:
 
     raw = flatten(OmegaConf.to_container(cfg, resolve=False))  # type: ignore[arg-type]
     resolved = _resolved(cfg, raw)
-    by_key = _writes_by_key(writes)
+    by_key = writes_by_key(writes)
     provenance = {key: _provenance(key, resolved[key], raw[key], by_key) for key in raw}
     return ConfigView(resolved, provenance)
 
@@ -326,13 +318,6 @@ def _lookup(tree: Any, key: str) -> Any:
     return tree
 
 
-def _writes_by_key(writes: Sequence[Write]) -> dict[str, list[Write]]:
-    by_key: dict[str, list[Write]] = {}
-    for write in writes:
-        by_key.setdefault(write.key, []).append(write)
-    return by_key
-
-
 def _provenance(key: str, value: Any, raw: Any, by_key: dict[str, list[Write]]) -> Provenance:
     chain = list(by_key.get(key, ()))
     if not chain:
@@ -347,9 +332,4 @@ def _follows(key: str, interpolation: str) -> str | None:
     match = _INTERP.search(interpolation)
     if not match:
         return None
-    target = match.group(1)
-    if not target.startswith("."):
-        return target
-    dots = len(target) - len(target.lstrip("."))
-    parent = key.split(".")[:-dots]
-    return ".".join([*parent, target.lstrip(".")])
+    return absolute_key(key, match.group(1))

@@ -12,6 +12,8 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from verl_safe_launch.config_view import nest
+
 _INT = re.compile(r"[+-]?\d+")
 _FLOAT = re.compile(r"[+-]?(\d+\.\d*|\.\d+|\d+(\.\d*)?[eE][+-]?\d+)")
 _PLAIN = re.compile(r"[A-Za-z0-9_\-./]+")
@@ -68,7 +70,7 @@ class Resolver:
 
     def _lookup(self, key: str, target: str, depth: int, *, select: bool = False) -> tuple[bool, Any]:
         """``oc.select`` treats a mandatory-missing ('???') target as absent; a plain reference cannot."""
-        absolute = _absolute(key, target)
+        absolute = absolute_key(key, target)
         if absolute in self.raw:
             if self.raw[absolute] == "???":
                 if select:
@@ -78,11 +80,8 @@ class Resolver:
         leaves = self.leaves(absolute)
         if not leaves:
             return False, None
-        tree: dict[str, Any] = {}
         cut = len(absolute) + 1
-        for leaf in leaves:
-            _put(tree, leaf[cut:].split("."), self.value(leaf, depth + 1))
-        return True, tree
+        return True, nest((leaf[cut:], self.value(leaf, depth + 1)) for leaf in leaves)
 
     def _literal(self, key: str, text: str, depth: int) -> Any:
         if text.startswith("${") and text.endswith("}"):
@@ -152,14 +151,9 @@ def _split_args(text: str) -> tuple[str, str | None]:
     return text, None
 
 
-def _absolute(key: str, target: str) -> str:
+def absolute_key(key: str, target: str) -> str:
+    """The absolute key an interpolation in ``key`` reads: ``${.x}`` is a sibling, ``${..x}`` one level up."""
     if not target.startswith("."):
         return target
     dots = len(target) - len(target.lstrip("."))
     return ".".join([*key.split(".")[:-dots], target.lstrip(".")])
-
-
-def _put(tree: dict[str, Any], parts: list[str], value: Any) -> None:
-    for part in parts[:-1]:
-        tree = tree.setdefault(part, {})
-    tree[parts[-1]] = value

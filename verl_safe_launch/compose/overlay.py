@@ -18,8 +18,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from verl_safe_launch.compose.engine import Composed, Rejected, compose
-from verl_safe_launch.compose.interpolation import Resolver, Unsupported
-from verl_safe_launch.config_view import ConfigView, flatten
+from verl_safe_launch.compose.interpolation import Resolver, Unsupported, absolute_key
+from verl_safe_launch.config_view import ConfigView, flatten, nest
 from verl_safe_launch.errors import VslError
 from verl_safe_launch.inputs import (
     ComposeRequest,
@@ -28,7 +28,7 @@ from verl_safe_launch.inputs import (
     split_tool_tokens,
     verl_config_dir,
 )
-from verl_safe_launch.provenance import Provenance, Write
+from verl_safe_launch.provenance import Provenance, Write, writes_by_key
 
 _TOKEN = re.compile(r"(\+\+|\+|~)?([A-Za-z_][\w\-]*(?:\.[A-Za-z_][\w\-]*)*)=(.*)", re.DOTALL)
 _REF = re.compile(r"\$\{(?:oc\.select:)?\s*([^,}\s$]+)")
@@ -117,9 +117,7 @@ def _index(composed: Composed) -> _Base:
 
     raw = flatten(OmegaConf.to_container(composed.cfg, resolve=False))  # type: ignore[arg-type]
     prefixes = frozenset(k[:i] for k in raw for i, ch in enumerate(k) if ch == ".")
-    by_key: dict[str, list[Write]] = {}
-    for write in composed.writes:
-        by_key.setdefault(write.key, []).append(write)
+    by_key = writes_by_key(composed.writes)
     refs = {key: _refs(key, value) for key, value in raw.items() if isinstance(value, str) and "${" in value}
     dependents: dict[str, set[str]] = {}
     for key, targets in refs.items():
@@ -130,13 +128,7 @@ def _index(composed: Composed) -> _Base:
 
 
 def _refs(key: str, value: str) -> tuple[str, ...]:
-    out: list[str] = []
-    for target in _REF.findall(value):
-        if target.startswith("."):
-            dots = len(target) - len(target.lstrip("."))
-            target = ".".join([*key.split(".")[:-dots], target.lstrip(".")])
-        out.append(target)
-    return tuple(out)
+    return tuple(absolute_key(key, target) for target in _REF.findall(value))
 
 
 _SIMPLE_INT = re.compile(r"0|[1-9][0-9]*")
@@ -310,13 +302,7 @@ def _resolve(keys: set[str], needed: dict[str, Any]) -> dict[str, Any]:
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    nested: dict[str, Any] = {}
-    for key, value in needed.items():
-        target = nested
-        *parents, leaf = key.split(".")
-        for part in parents:
-            target = target.setdefault(part, {})
-        target[leaf] = copy.deepcopy(value)
+    nested = nest((key, copy.deepcopy(value)) for key, value in needed.items())
     try:
         tree = OmegaConf.to_container(OmegaConf.create(nested), resolve=True)
     except OmegaConfBaseException:

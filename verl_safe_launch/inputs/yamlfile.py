@@ -9,6 +9,7 @@ from typing import Any
 
 import yaml
 
+from verl_safe_launch.config_view import nest
 from verl_safe_launch.errors import InputError
 
 
@@ -98,21 +99,6 @@ def _kind(node: yaml.Node) -> str:
     return "list" if isinstance(node, yaml.SequenceNode) else "single value"
 
 
-def nest(leaves: tuple[YamlLeaf, ...] | list[YamlLeaf]) -> dict[str, Any]:
-    """Build a nested mapping from dotted leaves; a later leaf wins over an earlier one."""
-    out: dict[str, Any] = {}
-    for leaf in leaves:
-        parts = leaf.key.split(".")
-        target = out
-        for part in parts[:-1]:
-            child = target.get(part)
-            if not isinstance(child, dict):
-                child = target[part] = {}
-            target = child
-        target[parts[-1]] = leaf.value
-    return out
-
-
 class _Walker:
     def __init__(self, loader: Any, name: str, expand_dots: bool) -> None:
         self.loader = loader
@@ -123,7 +109,7 @@ class _Walker:
     def mapping(self, node: yaml.MappingNode, prefix: str) -> dict[str, Any]:
         self._walk(node, prefix)
         if self.expand_dots:
-            return nest(self.leaves)
+            return nest((leaf.key, leaf.value) for leaf in self.leaves)
         return dict(self.loader.construct_object(node, deep=True))
 
     def _walk(self, node: yaml.MappingNode, prefix: str) -> None:

@@ -318,7 +318,7 @@ def rollout_pool(view: ConfigView, gpus: int | None) -> int | None:
     return gpus
 
 
-class Overlay(Mapping[str, Any]):
+class ChangedValues(Mapping[str, Any]):
     """A few replaced leaves over the config's values (two dict lookups per read, no copy)."""
 
     def __init__(self, changes: Mapping[str, Any], base: Mapping[str, Any]) -> None:
@@ -344,11 +344,11 @@ class Overlay(Mapping[str, Any]):
 
 def with_values(view: ConfigView, changes: Mapping[str, Any]) -> ConfigView:
     """The view with some leaves replaced, and the leaves that interpolate them following along."""
-    overlay: dict[str, Any] = {}
+    changed: dict[str, Any] = {}
     for key, value in changes.items():
-        overlay.update(dict.fromkeys([key, *followers(view, key)], value))
-    overlay.update(changes)
-    return ConfigView(Overlay(overlay, view.values), view.provenance)
+        changed.update(dict.fromkeys([key, *followers(view, key)], value))
+    changed.update(changes)
+    return ConfigView(ChangedValues(changed, view.values), view.provenance)
 
 
 def varying(view: ConfigView, key: str) -> Callable[[Any], ConfigView]:
@@ -356,7 +356,7 @@ def varying(view: ConfigView, key: str) -> Callable[[Any], ConfigView]:
     keys = [key, *followers(view, key)]
 
     def at(value: Any) -> ConfigView:
-        return ConfigView(Overlay(dict.fromkeys(keys, value), view.values), view.provenance)
+        return ConfigView(ChangedValues(dict.fromkeys(keys, value), view.values), view.provenance)
 
     return at
 
