@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import DATA
@@ -10,7 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from verl_safe_launch.compose import Composed, Overlay, Resolver, compose
-from verl_safe_launch.compose.overlay import _index, _parse_value, _parse_with_hydra
+from verl_safe_launch.compose.overlay import parse_value
+from verl_safe_launch.config_view import flatten
 from verl_safe_launch.inputs import ComposeRequest, cli_tokens
 from verl_safe_launch.shell import ScriptLaunch, read_script
 
@@ -85,22 +87,47 @@ def test_files_and_presets_take_the_full_path(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("engine", ["dp", "megatron", "veomni", "torchtitan"])
 def test_interpolation_resolver_matches_omegaconf(engine: str) -> None:
-    base = _index(compose(ComposeRequest(overrides=cli_tokens([f"model_engine={engine}"]))))
+    from omegaconf import OmegaConf
+
+    cfg = compose(ComposeRequest(overrides=cli_tokens([f"model_engine={engine}"]))).cfg
+    raw = flatten(OmegaConf.to_container(cfg, resolve=False))  # type: ignore[arg-type]
+    resolved = OmegaConf.to_container(cfg, resolve=True)
 
     def leaves(prefix: str) -> list[str]:
-        return [k for k in base.raw if k.startswith(prefix + ".")]
+        return [k for k in raw if k.startswith(prefix + ".")]
 
-    resolver = Resolver(base.raw, leaves)
-    assert len(base.refs) > 100
-    for key in base.refs:
-        expected = base.composed.view.values[key]
+    resolver = Resolver(raw, leaves)
+    interpolated = [k for k, v in raw.items() if isinstance(v, str) and "${" in v]
+    assert len(interpolated) > 100
+    for key in interpolated:
+        expected: Any = resolved
+        for part in key.split("."):
+            expected = expected[part]
         value = resolver.value(key)
         assert (value, type(value)) == (expected, type(expected)), key
+
+
+def _hydra_value(text: str) -> tuple[bool, object]:
+    """Hydra's own parser on ``k=<text>``: (True, value) for a plain literal, else (False, None)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import ValueType
+    from hydra.errors import HydraException
+
+    try:
+        override = OverridesParser.create().parse_override(f"k={text}")
+    except HydraException:
+        return False, None
+    value = override.value()
+    if override.value_type is not ValueType.ELEMENT or isinstance(value, dict):
+        return False, None
+    if isinstance(value, str) and "${" in value:
+        return False, None
+    return True, value
 
 
 @settings(max_examples=400, deadline=None)
 @given(st.text(alphabet="abeEfinlrstu019_-./+ ", max_size=10))
 def test_fast_value_parser_agrees_with_hydra(text: str) -> None:
-    fast = _parse_value(text)
-    hydra = _parse_with_hydra(text)
+    fast = parse_value(text)
+    hydra = _hydra_value(text)
     assert fast == hydra and type(fast[1]) is type(hydra[1])
