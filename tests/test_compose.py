@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from omegaconf import OmegaConf
@@ -65,6 +66,29 @@ def test_compositions_in_one_process_do_not_leak_into_each_other(tmp_path: Path)
     assert OmegaConf.to_container(after.cfg, resolve=False) == _hydra_compose([])  # type: ignore[attr-defined]
     assert dict(after.view.provenance) == dict(before.provenance)  # type: ignore[attr-defined]
     assert after.cfg is not _compose().cfg  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        [],
+        ["model_engine=megatron", "actor_rollout_ref.actor.use_dynamic_bsz=true"],
+        ["data.max_prompt_length=77", "+trainer.copy=${data.max_prompt_length}", "+trainer.text=a${.copy}b"],
+        ["trainer.logger=[console,'${trainer.project_name}']", "+trainer.home=${oc.env:HOME}"],
+        [
+            "critic.ppo_micro_batch_size=${oc.select:data.nope,3}",
+            "critic.optim={lr:'${data.train_batch_size}'}",
+        ],
+    ],
+)
+def test_view_values_are_omegaconf_resolution(overrides: list[str]) -> None:
+    composed = _compose(*overrides)
+    resolved = OmegaConf.to_container(composed.cfg, resolve=True)  # type: ignore[attr-defined]
+    for key, value in composed.view.values.items():  # type: ignore[attr-defined]
+        expected: Any = resolved
+        for part in key.split("."):
+            expected = expected[part]
+        assert (value, type(value)) == (expected, type(expected)), key
 
 
 def test_cli_value_records_position_and_replaced_verl_default() -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from verl_safe_launch.compose import _hydra
-from verl_safe_launch.compose.interpolation import absolute_key
+from verl_safe_launch.compose.interpolation import Resolver, Unsupported, absolute_key
 from verl_safe_launch.config_view import ConfigView, flatten
 from verl_safe_launch.errors import ConfigError, UsageError, VslError, collect
 from verl_safe_launch.inputs import (
@@ -294,9 +294,18 @@ def build_view(cfg: Any, writes: Sequence[Write]) -> ConfigView:
 
 
 def _resolved(cfg: Any, raw: dict[str, Any]) -> dict[str, Any]:
+    """Every leaf's value with interpolations resolved, as OmegaConf resolves them.
+
+    The interpolation forms verl's YAML uses are resolved on the flat leaves (OmegaConf parses each one with
+    its ANTLR grammar, most of a composition's time); anything else goes to OmegaConf itself.
+    """
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
+    try:
+        return _resolved_flat(raw)
+    except Unsupported:
+        pass
     try:
         tree = OmegaConf.to_container(cfg, resolve=True)
         return {key: _lookup(tree, key) for key in raw}
@@ -310,6 +319,28 @@ def _resolved(cfg: Any, raw: dict[str, Any]) -> dict[str, Any]:
             if OmegaConf.is_config(out[key]):
                 out[key] = OmegaConf.to_container(out[key], resolve=False)
         return out
+
+
+def _resolved_flat(raw: dict[str, Any]) -> dict[str, Any]:
+    if any(isinstance(value, list | dict) and _has_interpolation(value) for value in raw.values()):
+        raise Unsupported("interpolation inside a list or mapping")
+
+    def leaves(prefix: str) -> list[str]:
+        dotted = prefix + "."
+        return [key for key in raw if key.startswith(dotted)]
+
+    resolver = Resolver(raw, leaves)
+    return {key: resolver.value(key) for key in raw}
+
+
+def _has_interpolation(value: Any) -> bool:
+    if isinstance(value, str):
+        return "${" in value
+    if isinstance(value, list):
+        return any(_has_interpolation(item) for item in value)
+    if isinstance(value, dict):
+        return any(_has_interpolation(item) for item in value.values())
+    return False
 
 
 def _lookup(tree: Any, key: str) -> Any:
