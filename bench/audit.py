@@ -2,11 +2,13 @@
 
 Usage: python bench/audit.py [N_SCRIPTS] [--profile]
 Prints the time to read the scripts, to compose + audit them (the audit stage), and to run the whole
-pre-flight per launch (what `verl-safe-launch audit` does), each over all N scripts after one warm-up script.
+pre-flight per launch (what `verl-safe-launch audit` does), each over all N scripts after one warm-up script;
+then the compose + audit rate with ``compose()`` itself instead of its fast path, the overlay, on 20 scripts.
 """
 
 from __future__ import annotations
 
+import os
 import random
 import sys
 import tempfile
@@ -139,6 +141,7 @@ def main() -> None:
     count = int(sys.argv[1]) if len(sys.argv) > 1 and sys.argv[1].isdigit() else 200
     from verl_safe_launch.audit import audit, script_findings
     from verl_safe_launch.cli._audit import Auditor
+    from verl_safe_launch.compose import compose
     from verl_safe_launch.shell import read_script
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -166,6 +169,11 @@ def main() -> None:
                 composed = auditor.overlay.compose(launch.request())
                 findings = [*audit(composed), *script_findings(launch)]
                 errors += any(f.severity.value == "error" for f in findings)
+        sample = launches[:20]
+        with Clock() as slow:
+            for launch in sample:
+                composed = compose(launch.request())
+                [*audit(composed), *script_findings(launch)]
         with Clock() as full:
             results = [auditor.script(path) for path in scripts]
     assert all(r.error is None for r in results)
@@ -173,6 +181,7 @@ def main() -> None:
     def line(label: str, wall: float, cpu: float) -> str:
         return f"{label:<30} wall {wall:6.3f} s  cpu {cpu:6.3f} s  = {count / wall:6.1f} scripts/s wall, {count / cpu:6.1f} cpu"
 
+    print("load average (1, 5, 15 min): {:.1f} {:.1f} {:.1f}".format(*os.getloadavg()))
     print(
         f"scripts: {count} ({len(launches)} launches, {errors} with audit errors); first script {first.wall:.2f} s"
     )
@@ -180,6 +189,10 @@ def main() -> None:
     print(line("compose + audit", checked.wall, checked.cpu))
     print(line("read + compose + audit", read.wall + checked.wall, read.cpu + checked.cpu))
     print(line("audit verb (full pre-flight)", full.wall, full.cpu))
+    rate = len(sample) / slow.wall, len(sample) / slow.cpu
+    print(
+        f"compose() instead of the overlay, {len(sample)} scripts: {rate[0]:.1f} scripts/s wall, {rate[1]:.1f} cpu"
+    )
     print(f"fast compositions: {auditor.overlay.fast}, full compositions: {auditor.overlay.full}")
 
 
