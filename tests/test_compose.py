@@ -91,6 +91,14 @@ def test_view_values_are_omegaconf_resolution(overrides: list[str]) -> None:
         assert (value, type(value)) == (expected, type(expected)), key
 
 
+def test_every_engine_in_turn_equals_hydra_compose() -> None:
+    """Each config-group choice is composed once per process; switching back and forth changes nothing."""
+    for engine in ["megatron", "dp", "veomni", "megatron", "torchtitan", "dp"]:
+        overrides = [f"model_engine={engine}", "data.train_batch_size=32"]
+        ours = _compose(*overrides).cfg  # type: ignore[attr-defined]
+        assert OmegaConf.to_container(ours, resolve=False) == _hydra_compose(overrides), engine
+
+
 def test_cli_value_records_position_and_replaced_verl_default() -> None:
     view = _compose("data.train_batch_size=60", "actor_rollout_ref.rollout.n=12").view  # type: ignore[attr-defined]
     prov = view.prov("data.train_batch_size")

@@ -1,9 +1,10 @@
 """Every call into Hydra's private API, in one place (Hydra 1.3's ``hydra._internal``).
 
 Hydra's public ``compose()`` returns the config without saying which file or argument wrote each value, so
-composition runs Hydra's own steps one by one: the config loader and its caching repository, the defaults list
-(which files verl's config groups choose), the composition of those files, and the application of the
-command-line overrides. If Hydra moves or renames one of these, this module is the only one to change.
+composition runs Hydra's own steps one by one: the split of overrides into group choices and config overrides,
+the defaults list (which files verl's config groups choose), the composition of those files, and the
+application of the config overrides. If Hydra moves or renames one of these, this module is the only one to
+change.
 """
 
 from __future__ import annotations
@@ -24,23 +25,13 @@ class DefaultsEntry:
     package: str
 
 
-@dataclass(frozen=True)
-class Loader:
-    """Hydra's config loader for verl's config directory, and the repository that caches its files."""
-
-    loader: Any
-    repo: Any
-
-
 @functools.cache
-def loader() -> Loader:
-    """The loader for verl's config dir (built once per process: it reads no file until asked)."""
+def _loader() -> Any:
+    """Hydra's config loader for verl's config dir (built once per process; it reads no file until asked)."""
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
-    from hydra._internal.config_repository import CachingConfigRepository
     from hydra._internal.utils import create_config_search_path
 
-    impl = ConfigLoaderImpl(config_search_path=create_config_search_path(str(verl_config_dir())))
-    return Loader(impl, CachingConfigRepository(impl.repository))
+    return ConfigLoaderImpl(config_search_path=create_config_search_path(str(verl_config_dir())))
 
 
 def config_overrides(overrides: Sequence[Any]) -> list[Any]:
@@ -51,33 +42,34 @@ def config_overrides(overrides: Sequence[Any]) -> list[Any]:
     """
     from hydra._internal.defaults_list import Overrides
 
-    return list(Overrides(loader().repo, list(overrides)).config_overrides)
+    return list(Overrides(_loader().repository, list(overrides)).config_overrides)
 
 
-def defaults_list(group_overrides: Sequence[Any]) -> tuple[Any, tuple[DefaultsEntry, ...]]:
-    """Hydra's defaults list of ``ppo_trainer`` under the group choices, and its file entries in order.
+def compose_defaults(group_overrides: Sequence[Any]) -> tuple[Any, tuple[DefaultsEntry, ...]]:
+    """verl's config composed from ``ppo_trainer``'s defaults list under the group choices, and that list's files.
 
+    Like Hydra, each composition reads the files through a caching repository of its own: Hydra's composition
+    may edit the configs that repository caches (it merges schemas into them, merges their nodes without
+    copying and strips their defaults lists), so one is never shared between two compositions.
     Raises ``HydraException`` for a choice Hydra refuses (an unknown option of a group).
     """
+    from hydra._internal.config_repository import CachingConfigRepository
     from hydra._internal.defaults_list import create_defaults_list
 
+    loader = _loader()
+    repo = CachingConfigRepository(loader.repository)
     result = create_defaults_list(
-        repo=loader().repo,
+        repo=repo,
         config_name=PRIMARY_CONFIG,
         overrides_list=list(group_overrides),
         prepend_hydra=False,
         skip_missing=False,
     )
+    cfg = loader._compose_config_from_defaults_list(defaults=result.defaults, repo=repo)
     entries = tuple(
         DefaultsEntry(d.config_path, d.package or "") for d in result.defaults if d.config_path is not None
     )
-    return result.defaults, entries
-
-
-def compose_defaults(defaults: Any) -> Any:
-    """The config composed from a defaults list, as Hydra's loader merges it (before any override)."""
-    hydra = loader()
-    return hydra.loader._compose_config_from_defaults_list(defaults=defaults, repo=hydra.repo)
+    return cfg, entries
 
 
 def apply_override(override: Any, cfg: Any) -> None:

@@ -139,8 +139,7 @@ def _token_mentioned(message: str, tokens: Sequence[OverrideToken]) -> str | Non
 
 
 def _compose_verl(group_overrides: list[Any]) -> _Base:
-    defaults, entries = _hydra.defaults_list(group_overrides)
-    cfg = _hydra.compose_defaults(defaults)
+    cfg, entries = _hydra.compose_defaults(group_overrides)
     writes: list[Write] = []
     for entry in entries:
         path = verl_config_dir() / f"{entry.config_path}.yaml"
