@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from verl_safe_launch.render.jsonout import JSON_SCHEMA_VERSION, json_document, json_text, strict_json
 from verl_safe_launch.render.report import (
     counts,
     findings_json,
@@ -9,19 +10,21 @@ from verl_safe_launch.render.report import (
     render_findings_table,
     render_findings_text,
     render_report,
-    report_json,
     summary_line,
     verdict,
 )
 
 __all__ = [
+    "JSON_SCHEMA_VERSION",
     "counts",
     "findings_json",
+    "json_document",
+    "json_text",
     "render_finding",
     "render_findings_table",
     "render_findings_text",
     "render_report",
-    "report_json",
+    "strict_json",
     "summary_line",
     "verdict",
 ]

@@ -12,8 +12,6 @@ from verl_safe_launch.findings import Finding, Severity, sort_findings
 if TYPE_CHECKING:
     from rich.text import Text
 
-JSON_SCHEMA_VERSION = 1
-
 
 def render_finding(finding: Finding) -> str:
     """One finding: the header line, each involved value with its source, then the fix."""
@@ -59,17 +57,6 @@ def counts(findings: Sequence[Finding]) -> dict[str, int]:
 def verdict(findings: Sequence[Finding]) -> str:
     """``go`` when nothing blocks the launch, else ``no-go``."""
     return "no-go" if any(f.severity is Severity.ERROR for f in findings) else "go"
-
-
-def report_json(findings: Sequence[Finding], **extra: object) -> dict[str, object]:
-    """The stable JSON report: schema version, verdict, counts, findings (errors first), then ``extra``."""
-    return {
-        "schema": JSON_SCHEMA_VERSION,
-        "verdict": verdict(findings),
-        "summary": counts(findings),
-        "findings": findings_json(findings),
-        **extra,
-    }
 
 
 _GROUP_TITLES = {Severity.ERROR: "errors", Severity.WARNING: "warnings", Severity.INFO: "info"}
