@@ -186,7 +186,7 @@ def _launch(cfg: Any, plan: LaunchPlan, pre: Preflight, forced: list[str], force
         failure = exc
     finally:
         handoff.stop_ray(started)
-    return _after_run(plan, pre, failure, out)
+    return after_run(plan, pre, failure, out)
 
 
 def _check_cluster(plan: LaunchPlan, pre: Preflight, forced: list[str], force: bool, out: Outcome) -> None:
@@ -207,7 +207,9 @@ def _check_cluster(plan: LaunchPlan, pre: Preflight, forced: list[str], force: b
     out.say(f"warning: {gpu_error.what} (launching anyway: --force)")
 
 
-def _after_run(plan: LaunchPlan, pre: Preflight, failure: VslError | None, out: Outcome) -> int:
+def after_run(plan: LaunchPlan, pre: Preflight, failure: VslError | None, out: Outcome) -> int:
+    """Report how the launch ended: an OOM record in the run directory wins over the Ray error it caused
+    (exit 3 with the fix); another failure is raised; else measured against estimated peaks (exit 0)."""
     from verl_safe_launch.launch import postmortem
 
     records = postmortem.read_records(plan.run_dir)
