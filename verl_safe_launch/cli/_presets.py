@@ -11,7 +11,7 @@ from verl_safe_launch.config_view import format_value
 from verl_safe_launch.errors import UsageError
 from verl_safe_launch.inputs import ToolSettings, detect_hardware
 from verl_safe_launch.presets import AUTO, PRESETS, PresetInfo, choose_auto, preset_values
-from verl_safe_launch.render import json_document
+from verl_safe_launch.render import Column, json_document, render_table
 
 EXAMPLES = """\
   verl-safe-launch presets
@@ -57,14 +57,8 @@ def _list(fmt: str) -> None:
     if fmt == "json":
         print_json(json_document({"presets": [_info_json(info) for info in infos]}))
         return
-    rows = [("NAME", "HARDWARE", "MODELS", "SUMMARY")] + [
-        (i.name, i.hardware, i.models, i.summary) for i in infos
-    ]
-    widths = [max(len(row[col]) for row in rows) for col in range(3)]
-    for row in rows:
-        print(
-            "  ".join(cell.ljust(width) for cell, width in zip(row[:3], widths, strict=True)) + "  " + row[3]
-        )
+    columns = [Column("NAME"), Column("HARDWARE"), Column("MODELS"), Column("SUMMARY")]
+    print(render_table(columns, [(i.name, i.hardware, i.models, i.summary) for i in infos]), end="")
     print("\nUse one with preset=NAME; 'verl-safe-launch presets NAME' shows its values.")
 
 

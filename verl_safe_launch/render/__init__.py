@@ -13,9 +13,11 @@ from verl_safe_launch.render.report import (
     summary_line,
     verdict,
 )
+from verl_safe_launch.render.table import Column, render_table, use_rich
 
 __all__ = [
     "JSON_SCHEMA_VERSION",
+    "Column",
     "counts",
     "findings_json",
     "json_document",
@@ -24,7 +26,9 @@ __all__ = [
     "render_findings_table",
     "render_findings_text",
     "render_report",
+    "render_table",
     "strict_json",
     "summary_line",
+    "use_rich",
     "verdict",
 ]

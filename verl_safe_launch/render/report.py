@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from verl_safe_launch.config_view import format_value
 from verl_safe_launch.findings import Finding, Severity, sort_findings
+from verl_safe_launch.render.table import use_rich
 
 if TYPE_CHECKING:
     from rich.text import Text
@@ -111,8 +111,7 @@ def _cell(finding: Finding) -> Text:
 def render_report(findings: Sequence[Finding]) -> str:
     """The text report: rich tables grouped by severity on a terminal, plain deterministic text otherwise."""
     import shutil
-    import sys
 
-    if sys.stdout.isatty() and not os.environ.get("NO_COLOR"):
+    if use_rich():
         return render_findings_table(findings, width=shutil.get_terminal_size().columns, color=True)
     return render_findings_text(findings)
