@@ -7,8 +7,9 @@ from typing import Any
 import pytest
 from omegaconf import OmegaConf
 
-from verl_safe_launch.compose import Resolver
+from verl_safe_launch.compose import Resolver, compose
 from verl_safe_launch.compose.interpolation import Unsupported
+from verl_safe_launch.inputs import ComposeRequest, cli_tokens
 
 CONFIG: dict[str, Any] = {
     "model": {"path": "Qwen/Qwen2.5-7B", "hidden": 64, "ratio": 0.5, "flag": True, "none": None},
@@ -95,3 +96,17 @@ def test_a_cycle_is_unsupported_not_endless() -> None:
     raw = {"a.x": "${b.x}", "b.x": "${a.x}"}
     with pytest.raises(Unsupported):
         Resolver(raw, lambda prefix: [k for k in raw if k.startswith(prefix + ".")]).value("a.x")
+
+
+@pytest.mark.parametrize("engine", ["dp", "megatron"])
+def test_every_interpolation_of_verl_s_defaults(engine: str) -> None:
+    """verl's composed config, flattened unresolved: each interpolation resolves to OmegaConf's value."""
+    composed = compose(ComposeRequest(overrides=cli_tokens([f"model_engine={engine}"])))
+    raw = flat(OmegaConf.to_container(composed.cfg, resolve=False))  # type: ignore[arg-type]
+    resolver = Resolver(raw, lambda prefix: [k for k in raw if k.startswith(prefix + ".")])
+    refs = [k for k, v in raw.items() if isinstance(v, str) and "${" in v]
+    assert len(refs) > 100
+    for key in refs:
+        expected = composed.view.values[key]
+        value = resolver.value(key)
+        assert (value, type(value)) == (expected, type(expected)), key
