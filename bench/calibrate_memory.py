@@ -32,8 +32,8 @@ from memory_trace import (  # noqa: E402
     CACHE,
     MODELS,
     Case,
+    _build,
     architecture,
-    build_model,
     estimate,
     grid,
     hf_config,
@@ -120,7 +120,7 @@ def census() -> None:
         cfg = hf_config(arch, layers=1, vocab=64)
         seen: dict[int, int] = {}
         with FakeTensorMode():
-            m = build_model(cfg, ckpt=False)
+            m = _build(cfg, ckpt=False)
             params = {id(p.untyped_storage()) for p in m.parameters()}
             ids = torch.randint(0, 64, (1, 512))
             x = m.model.embed_tokens(ids)

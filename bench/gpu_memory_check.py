@@ -88,12 +88,12 @@ def entropy_fn(compiled: bool) -> Any:
 
 def build(arch: Any, torch: Any) -> Any:
     """The model with random bf16 weights on the GPU; parameter gradients dropped once accumulated."""
-    from memory_trace import build_model, hf_config
+    from memory_trace import _build, hf_config
 
     cfg = hf_config(arch)
     cfg._attn_implementation = attention_impl()
     with torch.device("cuda"):
-        model = build_model(cfg, ckpt=False)
+        model = _build(cfg, ckpt=False)
     for p in model.parameters():
         p.register_post_accumulate_grad_hook(lambda param: setattr(param, "grad", None))
     return model

@@ -263,14 +263,14 @@ def trace(case: Case, layers: int | None = None, vocab: int | None = None) -> di
     cfg = hf_config(arch, layers, vocab)
     start = time.perf_counter()
     with FakeTensorMode():
-        model = build_model(cfg, case.ckpt, value_head=case.variant == "value_head")
+        model = _build(cfg, case.ckpt, value_head=case.variant == "value_head")
         grad = case.mode == "update"
         model.train(grad)
         ids = torch.randint(0, cfg.vocab_size, (case.micro, case.seq))
         tracker = make_tracker(model, -1 if case.variant == "value_head" else cfg.vocab_size)
         tracker.track_external(model)
         with tracker, torch.set_grad_enabled(grad):
-            loss = forward(model, ids, case.variant, cfg.vocab_size)
+            loss = _forward(model, ids, case.variant, cfg.vocab_size)
             if grad:
                 tracker.backward = True
                 loss.backward()
@@ -283,7 +283,7 @@ def trace(case: Case, layers: int | None = None, vocab: int | None = None) -> di
     }
 
 
-def build_model(cfg: Any, ckpt: bool, value_head: bool = False) -> Any:
+def _build(cfg: Any, ckpt: bool, value_head: bool = False) -> Any:
     """The model in bf16; with ``value_head`` the critic's token-classification model with one label."""
     import torch
     from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
@@ -302,7 +302,7 @@ def build_model(cfg: Any, ckpt: bool, value_head: bool = False) -> Any:
     return model
 
 
-def forward(model: Any, ids: Any, variant: str, vocab: int) -> Any:
+def _forward(model: Any, ids: Any, variant: str, vocab: int) -> Any:
     """One micro batch the way verl's FSDP engine processes it, ending in a scalar loss."""
     import torch
 
