@@ -168,32 +168,31 @@ def to_json(ctx: RuleContext, est: MemoryEstimate, fits: Sequence[KnobFit]) -> d
     """The stable JSON form of the estimate (and the fit, when asked)."""
     arch = ctx.actor_arch
     r = est.rollout
-    return json_document(
-        {
-            "model": {"name": arch.name, "source": arch.source} if arch else None,
-            "gpu_memory_gib": est.gpu_memory_gib,
-            "margin": est.margin,
-            "stages": [_stage_json(s) for s in est.stages],
-            "rollout": None
-            if r is None
-            else {
-                "kv_capacity_tokens": r.capacity_tokens,
-                "kv_bytes_per_token": r.kv_bytes_per_token,
-                "max_model_len": r.max_model_len,
-                "wanted_tokens": r.wanted_tokens,
-            },
-            "assumptions": list(est.assumptions),
-            "findings": findings_json(memory_findings(ctx, est)),
-            "fit": [
-                {
-                    "key": f.key,
-                    "current": f.current,
-                    "value": f.value,
-                    "peak_gib": round(f.peak_gib, 3),
-                    "override": f.override,
-                    "reason": f.reason,
-                }
-                for f in fits
-            ],
-        }
-    )
+    fields = {
+        "model": {"name": arch.name, "source": arch.source} if arch else None,
+        "gpu_memory_gib": est.gpu_memory_gib,
+        "margin": est.margin,
+        "stages": [_stage_json(s) for s in est.stages],
+        "rollout": None
+        if r is None
+        else {
+            "kv_capacity_tokens": r.capacity_tokens,
+            "kv_bytes_per_token": r.kv_bytes_per_token,
+            "max_model_len": r.max_model_len,
+            "wanted_tokens": r.wanted_tokens,
+        },
+        "assumptions": list(est.assumptions),
+        "findings": findings_json(memory_findings(ctx, est)),
+        "fit": [
+            {
+                "key": f.key,
+                "current": f.current,
+                "value": f.value,
+                "peak_gib": round(f.peak_gib, 3),
+                "override": f.override,
+                "reason": f.reason,
+            }
+            for f in fits
+        ],
+    }
+    return json_document(fields)
