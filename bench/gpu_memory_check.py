@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "tests"))  # memory_trace: the calibration cases
 sys.path.insert(0, str(HERE.parent))
 
 MIB = float(1 << 20)
@@ -57,7 +57,7 @@ def cross_entropy() -> tuple[Any, str]:
     try:
         from flash_attn.ops.triton.cross_entropy import cross_entropy_loss
     except ImportError:
-        from calibrate_memory import flash_ce
+        from memory_trace import flash_ce
 
         stand_in = flash_ce()
         return (lambda logits, labels, inplace: stand_in.apply(logits, labels, inplace)), "stand-in"
@@ -88,7 +88,7 @@ def entropy_fn(compiled: bool) -> Any:
 
 def build(arch: Any, torch: Any) -> Any:
     """The model with random bf16 weights on the GPU; parameter gradients dropped once accumulated."""
-    from calibrate_memory import _build, hf_config
+    from memory_trace import _build, hf_config
 
     cfg = hf_config(arch)
     cfg._attn_implementation = attention_impl()
@@ -134,7 +134,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="micro {1, 4} and sequence 512 only")
     ns = parser.parse_args()
     torch = cuda_or_exit()
-    import calibrate_memory as cm
+    import memory_trace as cm
 
     ce, ce_name = cross_entropy()
     total_gib = torch.cuda.get_device_properties(0).total_memory / float(1 << 30)

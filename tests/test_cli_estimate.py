@@ -47,6 +47,7 @@ def test_json(cli: Callable[..., CliResult]) -> None:
     r = cli("estimate", "--fit", "--format", "json", "-c", EXAMPLE, "hardware.gpu_memory_gb=80")
     data = json.loads(r.out)
     assert set(data) == {
+        "schema",
         "model",
         "gpu_memory_gib",
         "margin",

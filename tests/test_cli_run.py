@@ -117,7 +117,8 @@ def test_json_dry_run_forced_into_a_non_empty_directory(
     assert result.code == 0, result.err
     data = json.loads(result.out)
     assert data["status"] == "dry-run"
-    assert data["preflight"]["summary"].startswith("NO-GO: 1 error")
+    assert (data["verdict"], data["summary"]["errors"]) == ("no-go", 1)
+    assert data["findings"][0]["severity"] == "error"
     assert data["plan"]["gpus_needed"] == {"total": 6, "global_pool": 6, "reward_pool": 0, "teacher_pool": 0}
     assert data["plan"]["cpus_needed"] == 28
     assert data["plan"]["task_runner"] == "verl.trainer.main_ppo.TaskRunnerV1"

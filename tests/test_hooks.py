@@ -143,6 +143,15 @@ def test_async_methods_stay_coroutines_and_take_the_step_from_global_steps(run_d
     assert (second["stage"], second["step"]) == ("actor_update", 7)
 
 
+def test_records_are_strict_json(run_dir: Path) -> None:
+    hooks.append_record(
+        {"rank": 0, "stage": "actor_update", "peak_allocated_gib": float("nan"), "x": float("inf")}
+    )
+    [line] = (run_dir / "memory-0.jsonl").read_text().splitlines()
+    record = json.loads(line, parse_constant=lambda name: pytest.fail(f"not strict JSON: {name}"))
+    assert (record["peak_allocated_gib"], record["x"], record["stage"]) == (None, None, "actor_update")
+
+
 def test_without_a_run_directory_nothing_is_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(RUN_DIR_ENV, raising=False)
     wrap_stage(FakeWorker.update_actor, ACTOR_UPDATE)(FakeWorker(), {})

@@ -1,36 +1,22 @@
 """The memory model against a trace of the real transformers modules on fake tensors (one small case).
 
 The full grid (three architectures, micro 1/4/8, sequences 512/2048, with and without checkpointing) is
-``bench/calibrate_memory.py``; its traced results are kept in bench/memory_calibration.json. No GPU is needed:
+``bench/calibrate_memory.py`` (both use tests/memory_trace.py); its traced results are kept in
+bench/memory_calibration.json. No GPU is needed:
 the trace runs on CPU fake tensors (bench/gpu_memory_check.py measures the same cases on a real GPU).
 """
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from types import ModuleType
-
+import memory_trace as cm
 import pytest
-from conftest import ROOT
 
 pytest.importorskip("transformers")
-
-
-def bench() -> ModuleType:
-    path = ROOT / "bench" / "calibrate_memory.py"
-    spec = importlib.util.spec_from_file_location("calibrate_memory", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["calibrate_memory"] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_small_traced_case_within_15_percent() -> None:
-    cm = bench()
     case = cm.Case("Qwen/Qwen2.5-0.5B", 2, 256, "update", True)
     traced = cm.trace(case, layers=2)
     activations, logits = cm.estimate(case, layers=2)
@@ -39,7 +25,6 @@ def test_small_traced_case_within_15_percent() -> None:
 
 
 def test_cached_calibration_grid_is_within_10_percent() -> None:
-    cm = bench()
     data = cm.load_cache()
     cases = [c for c in cm.grid() if c.key in data["cases"]]
     assert len(cases) >= 36, "run bench/calibrate_memory.py to fill bench/memory_calibration.json"

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from conftest import EXAMPLES
 
-from verl_safe_launch.cli._run import Outcome, _after_run
+from verl_safe_launch.cli._run import Outcome, after_run
 from verl_safe_launch.compose import compose
 from verl_safe_launch.context import RuleContext
 from verl_safe_launch.errors import LaunchError
@@ -178,7 +178,7 @@ def test_after_a_run_an_oom_record_wins_over_the_ray_error_and_exits_3(
     plan = SimpleNamespace(run_dir=tmp_path)
     pre = SimpleNamespace(context=context())
     failure = LaunchError("the launch failed: RayTaskError: ...")
-    code = _after_run(plan, pre, failure, Outcome(json=False))  # type: ignore[arg-type]
+    code = after_run(plan, pre, failure, Outcome(json=False))  # type: ignore[arg-type]
     err = capsys.readouterr().err.splitlines()
     assert code == 3
     assert (

@@ -1,9 +1,10 @@
-"""The sbatch renderer: golden 4 × 8 script, bash -n, a run with fake srun/scontrol/ray, and shell safety."""
+"""The sbatch renderer: golden 4 × 8 script, bash -n, shellcheck, a run with fake srun/scontrol/ray, shell safety."""
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 from collections.abc import Callable
 from dataclasses import replace
@@ -69,7 +70,7 @@ def test_sbatch_flags_sorted_and_quoted() -> None:
             Container("nvcr.io#verl:0.9", "pyxis"),
             [
                 "VSL_SRUN_CONTAINER=('--container-image=nvcr.io#verl:0.9' "
-                "--container-mounts=.:.,grpo-logs:grpo-logs)",
+                "'--container-mounts=.:.,grpo-logs:grpo-logs')",
                 "VSL_WRAP=()",
             ],
         ),
@@ -80,6 +81,53 @@ def test_container(container: Container | None, expected: list[str], tmp_path: P
     for line in expected:
         assert line in text.splitlines()
     bash_n(text, tmp_path)
+
+
+def shellcheck(text: str, path: Path) -> None:
+    """shellcheck (Debian's package) finds nothing in ``text``; skipped without it, except in CI."""
+    if shutil.which("shellcheck") is None:
+        why = "shellcheck is not installed (Debian: apt-get install shellcheck)"
+        if os.environ.get("CI"):
+            pytest.fail(why)
+        pytest.skip(why)
+    path.write_text(text)
+    # SC2016 ("expressions don't expand in single quotes") is the point of quoting a user's value: a setup line
+    # such as 'source $HOME/venv/bin/activate' must expand on the node, when the step runs, not here.
+    done = subprocess.run(
+        ["shellcheck", "-s", "bash", "-e", "SC2016", str(path)], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def node_script(text: str) -> str:
+    """The script every step runs on its node: the quoted here-document the job hands to ``bash -c``."""
+    start = text.index("<<'VSL_NODE_END' || true\n") + len("<<'VSL_NODE_END' || true\n")
+    return "#!/bin/bash\n" + text[start : text.index("\nVSL_NODE_END\n", start)] + "\n"
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {},
+        {"container": Container("/images/verl 0.9.sif")},
+        {"container": Container("nvcr.io#verl:0.9", "pyxis"), "setup": ()},
+        {"overrides": ("model_engine=megatron", "~trainer.logger"), "run_args": ("--dry-run",)},
+        {"job_name": "it's $(x)", "setup": ("echo \"$HOME\" 'q'",), "cpus_per_task": None},
+    ],
+)
+def test_shellcheck_finds_nothing(change: dict[str, object], tmp_path: Path) -> None:
+    text = render_sbatch(replace(SPEC_4X8, **change))  # type: ignore[arg-type]
+    shellcheck(text, tmp_path / "job.sbatch")
+    shellcheck(node_script(text), tmp_path / "node.sh")
+
+
+def test_template_is_the_packaged_file() -> None:
+    from importlib import resources
+
+    template = (resources.files("verl_safe_launch.launch") / "templates" / "job.sh").read_text()
+    body = template.split("# vsl-template: variables\n", 1)[1]
+    assert render_sbatch(SPEC_4X8).endswith(body)
+    assert "# vsl-template:" not in render_sbatch(SPEC_4X8)
 
 
 @pytest.mark.parametrize(

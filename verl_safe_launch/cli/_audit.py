@@ -21,7 +21,7 @@ from verl_safe_launch.inputs import (
 )
 from verl_safe_launch.preflight import run_preflight
 from verl_safe_launch.provenance import Layer, Source
-from verl_safe_launch.render import counts, findings_json, render_report, summary_line, verdict
+from verl_safe_launch.render import counts, findings_json, json_document, render_report, summary_line, verdict
 from verl_safe_launch.shell import ScriptLaunch, read_script
 
 EXAMPLES = """\
@@ -138,14 +138,9 @@ def render_audit_text(results: list[ScriptAudit]) -> str:
 
 
 def audit_json(results: list[ScriptAudit]) -> dict[str, object]:
-    """The stable JSON report of an audit (schema 1; see README)."""
+    """The stable JSON report of an audit: the verdict over every launch, then each script (see README)."""
     everything = [f for r in results for launch in r.launches for f in launch.findings]
-    return {
-        "schema": 1,
-        "verdict": verdict(everything),
-        "summary": counts(everything),
-        "scripts": [_script_json(r) for r in results],
-    }
+    return json_document({"scripts": [_script_json(r) for r in results]}, everything, list_findings=False)
 
 
 def _script_json(result: ScriptAudit) -> dict[str, object]:

@@ -9,7 +9,7 @@ from verl_safe_launch.errors import EXIT_OK, EXIT_PREFLIGHT
 from verl_safe_launch.inputs import request_from_args
 from verl_safe_launch.preflight import run_preflight
 from verl_safe_launch.presets import compose_for_launch
-from verl_safe_launch.render import render_report, report_json
+from verl_safe_launch.render import json_document, render_report
 
 EXAMPLES = """\
   verl-safe-launch check -c launch_examples/grpo_6gpu.yaml
@@ -31,7 +31,7 @@ def main(args: Sequence[str], offset: int) -> int:
     ns = parse(parser, args)
     preflight = run_preflight(compose_for_launch(request_from_args(ns, args, offset)))
     if ns.format == "json":
-        print_json(report_json(preflight.findings))
+        print_json(json_document({}, preflight.findings))
     else:
         print(render_report(preflight.findings), end="")
     return EXIT_OK if preflight.ok else EXIT_PREFLIGHT

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
@@ -12,6 +11,7 @@ from verl_safe_launch.compose import Composed, require_accepted
 from verl_safe_launch.errors import UsageError
 from verl_safe_launch.inputs import request_from_args
 from verl_safe_launch.presets import compose_for_launch
+from verl_safe_launch.render import json_text
 
 
 class Parser(argparse.ArgumentParser):
@@ -74,6 +74,5 @@ def compose_from_args(ns: argparse.Namespace, args: Sequence[str], offset: int) 
 
 
 def print_json(data: Any) -> None:
-    """Deterministic JSON on stdout."""
-    json.dump(data, sys.stdout, indent=2, sort_keys=False, default=str)
-    sys.stdout.write("\n")
+    """Deterministic, strict JSON on stdout (see ``render.json_document`` for the shape)."""
+    sys.stdout.write(json_text(data))

@@ -22,7 +22,7 @@ from verl_safe_launch.memory import (
 )
 from verl_safe_launch.preflight import rule_context
 from verl_safe_launch.presets import compose_for_launch
-from verl_safe_launch.render import findings_json, render_finding
+from verl_safe_launch.render import Column, findings_json, json_document, render_finding, render_table
 
 EXAMPLES = """\
   verl-safe-launch estimate -c launch_examples/grpo_6gpu.yaml hardware.gpu_memory_gb=80
@@ -96,13 +96,24 @@ def _cell(value: float) -> str:
 def table(est: MemoryEstimate) -> list[str]:
     """One row per stage: the components, the total, the band and the verdict."""
     cols = [c for c in COMPONENTS if any(s.get(c) >= 0.05 for s in est.stages)]
-    head = f"{'stage':<13}" + "".join(f"{SHORT[c]:>9}" for c in cols) + f"{'total':>9}  {'band':<12} verdict"
-    rows = [head]
-    for s in est.stages:
-        cells = "".join(f"{_cell(s.get(c)):>9}" for c in cols)
-        band = f"{s.low:.1f}–{s.high:.1f}"
-        rows.append(f"{s.name:<13}{cells}{s.total:>9.1f}  {band:<12} {s.verdict or 'no GPU size'}")
-    return rows
+    columns = [
+        Column("stage", min_width=13),
+        *(Column(SHORT[c], "right", 8) for c in cols),
+        Column("total", "right", 8),
+        Column("band", min_width=12),
+        Column("verdict"),
+    ]
+    rows = [
+        (
+            s.name,
+            *(_cell(s.get(c)) for c in cols),
+            f"{s.total:.1f}",
+            f"{s.low:.1f}–{s.high:.1f}",
+            s.verdict or "no GPU size",
+        )
+        for s in est.stages
+    ]
+    return render_table(columns, rows, gap=1).rstrip("\n").split("\n")
 
 
 def render(ctx: RuleContext, est: MemoryEstimate, fits: Sequence[KnobFit], fit: bool) -> str:
@@ -157,7 +168,7 @@ def to_json(ctx: RuleContext, est: MemoryEstimate, fits: Sequence[KnobFit]) -> d
     """The stable JSON form of the estimate (and the fit, when asked)."""
     arch = ctx.actor_arch
     r = est.rollout
-    return {
+    fields = {
         "model": {"name": arch.name, "source": arch.source} if arch else None,
         "gpu_memory_gib": est.gpu_memory_gib,
         "margin": est.margin,
@@ -184,3 +195,4 @@ def to_json(ctx: RuleContext, est: MemoryEstimate, fits: Sequence[KnobFit]) -> d
             for f in fits
         ],
     }
+    return json_document(fields)

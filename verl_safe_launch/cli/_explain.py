@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from verl_safe_launch.cli._common import add_compose_args, compose_from_args, make_parser, parse, print_json
 from verl_safe_launch.findings import Finding, Severity
-from verl_safe_launch.render import findings_json, render_finding
+from verl_safe_launch.render import findings_json, json_document, render_finding
 
 EXAMPLES = """\
   verl-safe-launch explain -c launch_examples/grpo_6gpu.yaml
@@ -30,10 +30,9 @@ def main(args: Sequence[str], offset: int) -> int:
     errors = [f for f in run_rules(rule_context(composed)) if f.severity is Severity.ERROR]
     if ns.format == "json":
         plan = dataclasses.asdict(batch_plan(view))
-        print_json(
-            {"header": header(view, batch_plan(view)), "plan": plan, "steps": [s.to_json() for s in steps]}
-            | {"errors": findings_json(errors)}
-        )
+        steps_json = [s.to_json() for s in steps]
+        fields = {"header": header(view, batch_plan(view)), "plan": plan, "steps": steps_json}
+        print_json(json_document(fields | {"errors": findings_json(errors)}))
         return 0
     print(render_text(view, steps), end="")
     print(_problems(errors), end="")

@@ -11,6 +11,7 @@ from verl_safe_launch.config_view import format_value
 from verl_safe_launch.errors import UsageError
 from verl_safe_launch.inputs import ToolSettings, detect_hardware
 from verl_safe_launch.presets import AUTO, PRESETS, PresetInfo, choose_auto, preset_values
+from verl_safe_launch.render import Column, json_document, render_table
 
 EXAMPLES = """\
   verl-safe-launch presets
@@ -54,16 +55,10 @@ def _info(name: str) -> PresetInfo:
 def _list(fmt: str) -> None:
     infos = [_info(name) for name in _ordered(available_presets())]
     if fmt == "json":
-        print_json({"presets": [_info_json(info) for info in infos]})
+        print_json(json_document({"presets": [_info_json(info) for info in infos]}))
         return
-    rows = [("NAME", "HARDWARE", "MODELS", "SUMMARY")] + [
-        (i.name, i.hardware, i.models, i.summary) for i in infos
-    ]
-    widths = [max(len(row[col]) for row in rows) for col in range(3)]
-    for row in rows:
-        print(
-            "  ".join(cell.ljust(width) for cell, width in zip(row[:3], widths, strict=True)) + "  " + row[3]
-        )
+    columns = [Column("NAME"), Column("HARDWARE"), Column("MODELS"), Column("SUMMARY")]
+    print(render_table(columns, [(i.name, i.hardware, i.models, i.summary) for i in infos]), end="")
     print("\nUse one with preset=NAME; 'verl-safe-launch presets NAME' shows its values.")
 
 
@@ -91,7 +86,7 @@ def _show(name: str, fmt: str) -> None:
         data["values"] = {key: value for key, value, _ in values}
         if name == AUTO:
             data["choice"] = {"preset": choice[0], "why": choice[1]} if choice else None
-        print_json(data)
+        print_json(json_document(data))
         return
     if name == AUTO:
         print(f"preset auto: {info.summary} (conf/preset/auto.yaml)")

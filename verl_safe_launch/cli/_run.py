@@ -15,9 +15,10 @@ from typing import Any
 from verl_safe_launch.cli._common import add_compose_args, compose_from_args, make_parser, parse, print_json
 from verl_safe_launch.compose import Composed
 from verl_safe_launch.errors import EXIT_LAUNCH, EXIT_OK, EXIT_PREFLIGHT, VslError
+from verl_safe_launch.findings import Finding
 from verl_safe_launch.launch import LaunchBlocked, LaunchPlan, plan_launch, render_plan, rundir
 from verl_safe_launch.preflight import Preflight, run_preflight
-from verl_safe_launch.render import findings_json, render_findings_text, summary_line
+from verl_safe_launch.render import json_document, json_text, render_findings_text
 
 EXAMPLES = """\
   verl-safe-launch -c launch_examples/grpo_6gpu.yaml
@@ -36,10 +37,12 @@ NO_GPU = (
 
 @dataclass
 class Outcome:
-    """What ``run`` reports: text as it goes, or one JSON object at the end."""
+    """What ``run`` reports: text as it goes, or one JSON object at the end (with the verdict once the
+    pre-flight has run)."""
 
     json: bool
     data: dict[str, Any] = field(default_factory=dict)
+    findings: list[Finding] | None = None
 
     def say(self, text: str) -> None:
         """One block of the text report (nothing in JSON mode)."""
@@ -49,7 +52,7 @@ class Outcome:
     def finish(self, status: str, code: int) -> int:
         """Emit the JSON object (in JSON mode) and return the exit code."""
         if self.json:
-            print_json({"status": status, "exit_code": code, **self.data})
+            print_json(json_document({"status": status, "exit_code": code, **self.data}, self.findings))
         return code
 
 
@@ -77,7 +80,7 @@ def main(args: Sequence[str], offset: int) -> int:
 def _run(ns: argparse.Namespace, args: Sequence[str], offset: int, out: Outcome) -> int:
     composed = compose_from_args(ns, args, offset)
     pre = run_preflight(composed)
-    out.data["preflight"] = {"summary": summary_line(pre.findings), "findings": findings_json(pre.findings)}
+    out.findings = list(pre.findings)
     out.say(render_findings_text(pre.findings).rstrip("\n"))
     forced: list[str] = []
     if not pre.ok:
@@ -168,7 +171,7 @@ def _local_gpus() -> int:
 
 def _record_forced(run_dir: Path, pre: Preflight, forced: list[str]) -> None:
     preflight = rundir.preflight_json(pre.findings, forced)
-    rundir.atomic_write(run_dir / "preflight.json", rundir.json_text(preflight))
+    rundir.atomic_write(run_dir / "preflight.json", json_text(preflight))
 
 
 def _launch(cfg: Any, plan: LaunchPlan, pre: Preflight, forced: list[str], force: bool, out: Outcome) -> int:
@@ -183,7 +186,7 @@ def _launch(cfg: Any, plan: LaunchPlan, pre: Preflight, forced: list[str], force
         failure = exc
     finally:
         handoff.stop_ray(started)
-    return _after_run(plan, pre, failure, out)
+    return after_run(plan, pre, failure, out)
 
 
 def _check_cluster(plan: LaunchPlan, pre: Preflight, forced: list[str], force: bool, out: Outcome) -> None:
@@ -204,7 +207,9 @@ def _check_cluster(plan: LaunchPlan, pre: Preflight, forced: list[str], force: b
     out.say(f"warning: {gpu_error.what} (launching anyway: --force)")
 
 
-def _after_run(plan: LaunchPlan, pre: Preflight, failure: VslError | None, out: Outcome) -> int:
+def after_run(plan: LaunchPlan, pre: Preflight, failure: VslError | None, out: Outcome) -> int:
+    """Report how the launch ended: an OOM record in the run directory wins over the Ray error it caused
+    (exit 3 with the fix); another failure is raised; else measured against estimated peaks (exit 0)."""
     from verl_safe_launch.launch import postmortem
 
     records = postmortem.read_records(plan.run_dir)

@@ -8,6 +8,7 @@ from verl_safe_launch.cli._common import add_compose_args, compose_from_args, ma
 from verl_safe_launch.config_view import ConfigView, format_value
 from verl_safe_launch.errors import UsageError
 from verl_safe_launch.provenance import Provenance
+from verl_safe_launch.render import json_document
 
 EXAMPLES = """\
   verl-safe-launch show data.train_batch_size=60
@@ -73,5 +74,5 @@ def _yaml(view: ConfigView, key: str | None) -> str:
 
 def _json(view: ConfigView, keys: list[str], key: str | None, origin: bool) -> object:
     if origin:
-        return {"keys": [view.provenance[k].to_json() for k in keys]}
-    return {"key": key, "config": view.nested(key or "")}
+        return json_document({"keys": [view.provenance[k].to_json() for k in keys]})
+    return json_document({"key": key, "config": view.nested(key or "")})

@@ -36,7 +36,7 @@ from verl_safe_launch.launch import slurm
 from verl_safe_launch.preflight import run_preflight
 from verl_safe_launch.presets import compose_with_preset
 from verl_safe_launch.provenance import Layer, Source
-from verl_safe_launch.render import findings_json, render_findings_text
+from verl_safe_launch.render import json_document, render_findings_text
 
 EXAMPLES = """\
   verl-safe-launch slurm --nodes 1 --gpus-per-node 6 --partition gpu --time 24:00:00 \\
@@ -292,7 +292,7 @@ def _report(
     ns: argparse.Namespace, findings: Sequence[Finding], result: dict[str, object], text: Sequence[str] = ()
 ) -> None:
     if ns.format == "json":
-        print_json({**result, "findings": findings_json(findings)})
+        print_json(json_document(result, findings))
         return
     print(render_findings_text(findings), end="")
     if result.get("status") == "preflight-failed":
@@ -315,7 +315,7 @@ def _preflight(args: Sequence[str], offset: int) -> int:
     profile = detect_hardware(composed.tool)
     pre = run_preflight(composed, profile)
     if ns.format == "json":
-        print_json({"ok": pre.ok, "findings": findings_json(pre.findings)})
+        print_json(json_document({}, pre.findings))
     else:
         print("\n".join(allocation_lines(composed.view, profile, os.environ)))
         print(render_findings_text(pre.findings), end="")

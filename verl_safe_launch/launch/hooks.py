@@ -20,6 +20,7 @@ from types import ModuleType
 from typing import Any
 
 from verl_safe_launch.launch.hook_stages import STAGES, StageSpec
+from verl_safe_launch.render import strict_json
 
 RUN_DIR_ENV = "VSL_RUN_DIR"
 USER_SETUP_HOOK_ENV = "VSL_USER_SETUP_HOOK"
@@ -307,7 +308,8 @@ def append_record(record: dict[str, object]) -> None:
         return
     rank = record.get("rank")
     path = record_path(Path(run_dir), rank if isinstance(rank, int) else None)
-    os.write(_append_fd(str(path)), (json.dumps(record, default=str) + "\n").encode())
+    line = json.dumps(strict_json(record), default=str, allow_nan=False)
+    os.write(_append_fd(str(path)), (line + "\n").encode())
 
 
 def _append_fd(path: str) -> int:

@@ -13,6 +13,7 @@ from typing import Any
 from verl_safe_launch.config_view import format_value
 from verl_safe_launch.context import RuleContext
 from verl_safe_launch.launch.hook_stages import STAGE_BY_NAME
+from verl_safe_launch.render import Column, render_table
 
 MARGIN = 0.10
 UTIL_STEP = 0.1
@@ -22,6 +23,12 @@ NO_FIT = (
     "halving the knob instead of fitting it"
 )
 # Hook stage -> the estimator's stage (verl_safe_launch.memory).
+PEAK_COLUMNS = (
+    Column("stage", min_width=15),
+    Column("estimated GiB", "right"),
+    Column("torch peak GiB", "right"),
+    Column("device used GiB", "right"),
+)
 ESTIMATOR_STAGE = {
     "old_log_prob": "old log-prob",
     "ref_log_prob": "ref log-prob",
@@ -212,14 +219,12 @@ def render_peaks(records: Sequence[Mapping[str, Any]], estimated: Mapping[str, f
         return "memory: no records were written (the workers never reached a wrapped stage)"
     if not measured:
         return "memory: records were written without CUDA (no device memory to compare)"
-    lines = [f"{'stage':<15} {'estimated GiB':>13} {'torch peak GiB':>14} {'device used GiB':>15}"]
+    rows = []
     for stage, entry in measured.items():
         est = (estimated or {}).get(ESTIMATOR_STAGE.get(stage, stage))
         shown = f"{est:.1f}" if est is not None else "-"
-        lines.append(
-            f"{stage:<15} {shown:>13} {entry['peak_allocated_gib']:>14.1f} {entry['device_used_gib']:>15.1f}"
-        )
-    return "\n".join(lines)
+        rows.append((stage, shown, f"{entry['peak_allocated_gib']:.1f}", f"{entry['device_used_gib']:.1f}"))
+    return render_table(PEAK_COLUMNS, rows, gap=1).rstrip("\n")
 
 
 def estimated_peaks(ctx: RuleContext) -> dict[str, float] | None:

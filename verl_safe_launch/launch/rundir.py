@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shlex
 import sys
@@ -16,8 +15,8 @@ from typing import Any
 
 from verl_safe_launch.config_view import ConfigView
 from verl_safe_launch.errors import UsageError
-from verl_safe_launch.findings import Finding, has_errors
-from verl_safe_launch.render import findings_json, summary_line
+from verl_safe_launch.findings import Finding
+from verl_safe_launch.render import json_document, json_text
 
 DEFAULT_ROOT = Path("outputs")
 CONFIG_FILE = "config.yaml"
@@ -103,11 +102,6 @@ def write_run_files(run_dir: Path, record: RunRecord) -> None:
     atomic_write(run_dir / "command.sh", record.command, mode=0o755)
 
 
-def json_text(data: Mapping[str, Any]) -> str:
-    """Indented JSON with a final newline."""
-    return json.dumps(data, indent=2, default=str) + "\n"
-
-
 def atomic_write(path: Path, text: str, mode: int = 0o644) -> None:
     """Write to a temporary file in the same directory, then rename it over ``path``."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
@@ -123,15 +117,10 @@ def atomic_write(path: Path, text: str, mode: int = 0o644) -> None:
 
 def provenance_json(view: ConfigView) -> dict[str, Any]:
     """Every leaf's value, source and the values it replaced (the data behind ``show --origin``)."""
-    return {"schema": 1, "keys": [prov.to_json() for prov in view.provenance.values()]}
+    return json_document({"keys": [prov.to_json() for prov in view.provenance.values()]})
 
 
 def preflight_json(findings: Sequence[Finding], forced: Sequence[str]) -> dict[str, Any]:
-    """The pre-flight outcome, and why the launch went ahead anyway when it was forced."""
-    return {
-        "schema": 1,
-        "summary": summary_line(findings),
-        "ok": not has_errors(list(findings)),
-        "forced": list(forced),
-        "findings": findings_json(findings),
-    }
+    """The pre-flight outcome in the shape of ``check --format json``, and why the launch went ahead anyway
+    when it was forced."""
+    return json_document({"forced": list(forced)}, findings)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import json
 import os
 import socket
 import sys
@@ -16,6 +15,7 @@ from verl_safe_launch.errors import LaunchError
 from verl_safe_launch.launch.hooks import RUN_DIR_ENV
 from verl_safe_launch.launch.plan import LaunchBlocked, LaunchPlan
 from verl_safe_launch.launch.rundir import CONFIG_FILE, config_digest, render_config
+from verl_safe_launch.render import json_text
 from verl_safe_launch.rules import CpuNeed, GpuNeed
 
 RUNNER_RECORD = "task_runner.json"
@@ -150,7 +150,7 @@ def record_received_config(config: Any, runner: str) -> None:
         "matches_config_yaml": digest == on_disk,
     }
     with contextlib.suppress(OSError):  # the run directory may not be shared with this node
-        (Path(run_dir) / RUNNER_RECORD).write_text(json.dumps(record, indent=2) + "\n")
+        (Path(run_dir) / RUNNER_RECORD).write_text(json_text(record))
 
 
 def submit(cfg: Any, plan: LaunchPlan) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from verl_safe_launch.render.jsonout import JSON_SCHEMA_VERSION, json_document, json_text, strict_json
 from verl_safe_launch.render.report import (
     counts,
     findings_json,
@@ -9,19 +10,25 @@ from verl_safe_launch.render.report import (
     render_findings_table,
     render_findings_text,
     render_report,
-    report_json,
     summary_line,
     verdict,
 )
+from verl_safe_launch.render.table import Column, render_table, use_rich
 
 __all__ = [
+    "JSON_SCHEMA_VERSION",
+    "Column",
     "counts",
     "findings_json",
+    "json_document",
+    "json_text",
     "render_finding",
     "render_findings_table",
     "render_findings_text",
     "render_report",
-    "report_json",
+    "render_table",
+    "strict_json",
     "summary_line",
+    "use_rich",
     "verdict",
 ]

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from verl_safe_launch.config_view import format_value
 from verl_safe_launch.findings import Finding, Severity, sort_findings
+from verl_safe_launch.render.table import use_rich
 
 if TYPE_CHECKING:
     from rich.text import Text
-
-JSON_SCHEMA_VERSION = 1
 
 
 def render_finding(finding: Finding) -> str:
@@ -59,17 +57,6 @@ def counts(findings: Sequence[Finding]) -> dict[str, int]:
 def verdict(findings: Sequence[Finding]) -> str:
     """``go`` when nothing blocks the launch, else ``no-go``."""
     return "no-go" if any(f.severity is Severity.ERROR for f in findings) else "go"
-
-
-def report_json(findings: Sequence[Finding], **extra: object) -> dict[str, object]:
-    """The stable JSON report: schema version, verdict, counts, findings (errors first), then ``extra``."""
-    return {
-        "schema": JSON_SCHEMA_VERSION,
-        "verdict": verdict(findings),
-        "summary": counts(findings),
-        "findings": findings_json(findings),
-        **extra,
-    }
 
 
 _GROUP_TITLES = {Severity.ERROR: "errors", Severity.WARNING: "warnings", Severity.INFO: "info"}
@@ -124,8 +111,7 @@ def _cell(finding: Finding) -> Text:
 def render_report(findings: Sequence[Finding]) -> str:
     """The text report: rich tables grouped by severity on a terminal, plain deterministic text otherwise."""
     import shutil
-    import sys
 
-    if sys.stdout.isatty() and not os.environ.get("NO_COLOR"):
+    if use_rich():
         return render_findings_table(findings, width=shutil.get_terminal_size().columns, color=True)
     return render_findings_text(findings)

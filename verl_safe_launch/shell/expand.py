@@ -94,7 +94,9 @@ class Expander:
     def _array(self, word: Word, part: Part) -> list[Field]:
         value = self.env.get(part.text)
         if isinstance(value, ArrayValue):
-            return list(value.items)
+            if part.quoted:
+                return list(value.items)
+            return [_piece(item, text) for item in value.items for text in _words_of(item)]
         if isinstance(value, Unknown):
             return [Field(word.raw, word.line, word.raw, problem=value.reason)]
         if isinstance(value, Scalar):
@@ -127,7 +129,8 @@ class Expander:
         if isinstance(value, ArrayValue):
             first = value.items[0] if value.items else Field("", word.line, word.raw)
             return first.text, first.problem
-        if isinstance(value, Scalar) and not (part.default is not None and value.text == ""):
+        empty_replaced = part.default is not None and value == Scalar("") and not part.unset_only
+        if isinstance(value, Scalar) and not empty_replaced:
             return value.text, None
         if part.default is not None:
             text, problem = self._join(part.default, word)
@@ -150,6 +153,15 @@ class Expander:
                 return "", problem
             out.append(text)
         return "".join(out), None
+
+
+def _words_of(item: Field) -> list[str]:
+    """An unquoted ``${NAME[@]}`` splits each element on whitespace, as bash does (an empty one vanishes)."""
+    return [item.text] if item.problem is not None or item.args else item.text.split()
+
+
+def _piece(item: Field, text: str) -> Field:
+    return Field(text, item.line, item.raw, item.problem, item.args)
 
 
 def _outside(name: str) -> str:

@@ -19,12 +19,14 @@ class PartKind(StrEnum):
 
 @dataclass(frozen=True)
 class Part:
-    """One piece of a word; ``default`` holds the parts of ``${NAME:-default}``."""
+    """One piece of a word; ``default`` holds the parts of ``${NAME:-default}`` (``${NAME-default}``: also
+    ``unset_only``, the default replaces an unset NAME but not an empty one)."""
 
     kind: PartKind
     text: str
     quoted: bool
     default: tuple[Part, ...] | None = None
+    unset_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -270,7 +272,8 @@ class _Lexer:
             return Part(kind, name if not op else raw, quoted)
         if op is None:
             return Part(PartKind.VAR, name, quoted)
-        return Part(PartKind.VAR, name, quoted, default=_default_parts(default, quoted))
+        default_parts = _default_parts(default, quoted)
+        return Part(PartKind.VAR, name, quoted, default=default_parts, unset_only=not op.startswith(":"))
 
     def _operator(self, ch: str) -> None:
         text, i = self.text, self.i
@@ -406,7 +409,9 @@ def _default_parts(text: str, quoted: bool) -> tuple[Part, ...]:
         if isinstance(token, Word):
             if parts:
                 parts.append(Part(PartKind.LIT, " ", quoted))
-            parts.extend(Part(p.kind, p.text, p.quoted or quoted, p.default) for p in token.parts)
+            parts.extend(
+                Part(p.kind, p.text, p.quoted or quoted, p.default, p.unset_only) for p in token.parts
+            )
         else:
             parts.append(Part(PartKind.SUBST, text, quoted))
             break

@@ -1,0 +1,344 @@
+"""The memory model's calibration cases: trace the real transformers modules on fake tensors, and estimate.
+
+Shared by tests/test_memory_calibration.py (one small case, and the cached grid) and bench/calibrate_memory.py
+(the full grid, variants and census; it keeps the traced results in bench/memory_calibration.json).
+
+Each case builds a model from an architecture in the bundled table (no weights) inside ``FakeTensorMode`` with
+bf16 parameters (what FSDP mixed precision computes in), runs one micro batch the way verl does, and records the
+peak of activation and temporary memory (parameters and their gradients are excluded: the estimator shards them
+analytically). Attention is ``scaled_dot_product_attention`` with causal masking and native GQA (the memory
+pattern of flash attention: output plus fp32 log-sum-exp); the log-probs use a stand-in for flash-attn's
+cross-entropy kernel with the same allocations (fp32 loss and log-sum-exp per token, gradient written in place).
+Every sequence is at full length (the remove-padding worst case): ``micro × seq`` tokens.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+import time
+import weakref
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+CACHE = ROOT / "bench" / "memory_calibration.json"
+MODELS = ("Qwen/Qwen2.5-0.5B", "Qwen/Qwen2.5-1.5B", "meta-llama/Llama-3.1-8B", "Qwen/Qwen3-0.6B")
+MICROS = (1, 4, 8)
+SEQS = (512, 2048)
+MODES = (("logprob", False), ("update", True), ("update", False))
+VARIANTS = (
+    "value_head",
+    "eager_entropy",
+    "chunked_entropy",
+    "checkpointed_entropy",
+    "temperature",
+    "no_remove_padding",
+    "fused_kernels",
+)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One traced configuration."""
+
+    model: str
+    micro: int
+    seq: int
+    mode: str
+    ckpt: bool
+    variant: str = "default"
+
+    @property
+    def key(self) -> str:
+        ck = "ckpt" if self.ckpt else "nockpt"
+        return f"{self.model}|{self.mode}|b{self.micro}|s{self.seq}|{ck}|{self.variant}"
+
+    @property
+    def tokens(self) -> int:
+        return self.micro * self.seq
+
+
+def grid(models: tuple[str, ...] = MODELS) -> list[Case]:
+    """The calibration grid: models × micro × seq × (log-prob, update with and without checkpointing)."""
+    return [Case(m, b, s, mode, ckpt) for m in models for mode, ckpt in MODES for s in SEQS for b in MICROS]
+
+
+def variant_cases() -> list[Case]:
+    """Post-processing variants on Qwen2.5-0.5B, 4 × 512 tokens, forward-only and update (the critic's value
+    head also without checkpointing)."""
+    out = []
+    for v in VARIANTS:
+        modes = [("update", True)] if v == "checkpointed_entropy" else [("logprob", False), ("update", True)]
+        if v == "value_head":
+            modes.append(("update", False))
+        out += [Case("Qwen/Qwen2.5-0.5B", 4, 512, mode, ckpt, v) for mode, ckpt in modes]
+    return out
+
+
+# ----------------------------------------------------------------------------------------------- estimate side
+
+
+def architecture(model: str) -> Any:
+    """The architecture numbers from the bundled table."""
+    sys.path.insert(0, str(ROOT))
+    from verl_safe_launch.inputs import load_architecture
+
+    arch = load_architecture(model)
+    if arch is None:
+        raise SystemExit(f"unknown model {model}")
+    return arch
+
+
+def estimate(case: Case, layers: int | None = None) -> tuple[float, float]:
+    """(activations, logits and temporaries) in bytes from the memory model."""
+    from verl_safe_launch.memory import Entropy, Pass, pass_peak
+
+    arch = architecture(case.model)
+    if layers:
+        arch = replace(arch, num_hidden_layers=layers)
+    vocab = 1 if case.variant == "value_head" else arch.vocab_size
+    p = Pass(tokens=case.tokens, backward=case.mode == "update", vocab=vocab, checkpointing=case.ckpt)
+    v = case.variant
+    if v == "eager_entropy":
+        p = replace(p, entropy=Entropy.EAGER)
+    elif v == "chunked_entropy":
+        p = replace(p, entropy=Entropy.CHUNKED, entropy_chunk=512)
+    elif v == "checkpointed_entropy":
+        p = replace(p, entropy=Entropy.EAGER, entropy_checkpointing=True)
+    elif v == "temperature":
+        p = replace(p, temperature_copy=True)
+    elif v == "no_remove_padding":
+        p = replace(p, packed_copy=True)
+    elif v == "fused_kernels":
+        p = replace(p, fused_kernels=True)
+    peak = pass_peak(arch, p)
+    return peak.activations, peak.logits
+
+
+# -------------------------------------------------------------------------------------------------- trace side
+
+
+def hf_config(arch: Any, layers: int | None = None, vocab: int | None = None) -> Any:
+    """A transformers config with the architecture's numbers (attention implementation: the calibration one)."""
+    from transformers import AutoConfig
+
+    kwargs = dict(
+        hidden_size=arch.hidden_size,
+        intermediate_size=arch.intermediate_size,
+        num_hidden_layers=layers or arch.num_hidden_layers,
+        num_attention_heads=arch.num_attention_heads,
+        num_key_value_heads=arch.num_key_value_heads,
+        vocab_size=vocab or arch.vocab_size,
+        max_position_embeddings=arch.max_position_embeddings,
+        tie_word_embeddings=arch.tie_word_embeddings,
+        head_dim=arch.head_dim,
+    )
+    cfg = AutoConfig.for_model(arch.model_type, **kwargs)
+    cfg._attn_implementation = "calib_sdpa"
+    return cfg
+
+
+def register_attention() -> None:
+    """Causal SDPA with native GQA: keeps what flash attention keeps (output and fp32 log-sum-exp)."""
+    import torch.nn.functional as F
+    from transformers import AttentionInterface
+
+    def calib_sdpa(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, **kw: Any) -> Any:
+        scale = kw.get("scaling")
+        out = F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scale, enable_gqa=True)
+        return out.transpose(1, 2).contiguous(), None
+
+    AttentionInterface.register("calib_sdpa", calib_sdpa)
+
+
+def flash_ce() -> Any:
+    """Stand-in for flash_attn's cross_entropy_loss: fp32 loss and lse per row, gradient written into the logits."""
+    import torch
+
+    class FlashCrossEntropy(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, logits: Any, labels: Any, inplace: bool) -> Any:
+            rows = logits.shape[0]
+            lse = torch.empty(rows, dtype=torch.float32, device=logits.device)
+            loss = torch.empty(rows, dtype=torch.float32, device=logits.device)
+            ctx.save_for_backward(logits, lse, labels)
+            ctx.inplace = inplace
+            return -loss
+
+        @staticmethod
+        def backward(ctx: Any, grad: Any) -> Any:
+            logits, _lse, _labels = ctx.saved_tensors
+            return (logits if ctx.inplace else torch.empty_like(logits)), None, None
+
+    return FlashCrossEntropy
+
+
+def eager_entropy(logits: Any) -> Any:
+    """verl's entropy_from_logits under CUDA autocast: softmax and the product run in fp32."""
+    import torch
+
+    pd = torch.softmax(logits.float(), dim=-1)
+    return torch.logsumexp(logits, dim=-1) - torch.sum(pd * logits, dim=-1)
+
+
+def chunked_entropy(logits: Any, chunk: int) -> Any:
+    """verl's entropy_from_logits_with_chunking."""
+    import torch
+
+    out = torch.zeros(logits.shape[0], device=logits.device)
+    for i in range(0, logits.shape[0], chunk):
+        part = logits[i : i + chunk].float()
+        pd = torch.softmax(part, dim=-1)
+        out[i : i + chunk] = torch.logsumexp(part, dim=-1) - torch.sum(pd * part, dim=-1)
+    return out
+
+
+def make_tracker(model: Any, vocab: int) -> Any:
+    """A MemTracker that records the peak of activations + temporaries, with weight gradients set apart."""
+    import torch
+    from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
+    from torch.utils._pytree import tree_leaves, tree_map_only
+
+    class PeakTracker(MemTracker):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__()
+            self.param_shapes = {tuple(p.shape) for p in model.parameters()}
+            self.backward = False
+            self.peak, self.peak_logits, self.logits_live, self.peak_op = 0, 0, 0, ""
+
+        def _update_peak_stats(self, peak_state: Any) -> None:  # module-wise peaks are not needed (and slow)
+            pass
+
+        def sample(self, label: str) -> None:
+            for snap in self._curr_mem_snap.values():
+                cur = snap[_MemRefType.ACT] + snap[_MemRefType.TEMP]
+                if cur > self.peak:
+                    self.peak, self.peak_logits, self.peak_op = cur, self.logits_live, label
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            self.sample(str(func))
+            res = func(*args, **(kwargs or {}))
+            reftype = _MemRefType.TEMP if self.backward else _MemRefType.ACT
+            if self.backward and self._weight_grad(res, args, kwargs):
+                reftype = _MemRefType.OTH
+            tree_map_only(torch.Tensor, functools.partial(self._track_logits, reftype), res)
+            return res
+
+        def _track_logits(self, reftype: Any, t: Any) -> None:
+            st = t.untyped_storage()
+            new = self._WINFO.get(st, (None, None))[0] is None
+            self._track(reftype, t)
+            if new and t.dim() >= 2 and t.shape[-1] == vocab and reftype is not _MemRefType.OTH:
+                size = st.nbytes()
+                self.logits_live += size
+                weakref.finalize(st, self._drop_logits, size)
+
+        def _drop_logits(self, size: int) -> None:
+            self.logits_live -= size
+
+        def _weight_grad(self, res: Any, args: Any, kwargs: Any) -> bool:
+            outs = [t for t in tree_leaves(res) if isinstance(t, torch.Tensor)]
+            if len(outs) != 1 or tuple(outs[0].shape) not in self.param_shapes:
+                return False
+            for t in tree_leaves((args, kwargs)):
+                if isinstance(t, torch.Tensor):
+                    info = self._WINFO.get(t.untyped_storage(), (None, None))[0]
+                    if info is not None and info.reftype == _MemRefType.PARAM:
+                        return False
+            return True
+
+    return PeakTracker()
+
+
+def trace(case: Case, layers: int | None = None, vocab: int | None = None) -> dict[str, Any]:
+    """Trace one case on fake tensors; returns the peak of activations + temporaries and the logits part (bytes)."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    register_attention()
+    arch = architecture(case.model)
+    cfg = hf_config(arch, layers, vocab)
+    start = time.perf_counter()
+    with FakeTensorMode():
+        model = _build(cfg, case.ckpt, value_head=case.variant == "value_head")
+        grad = case.mode == "update"
+        model.train(grad)
+        ids = torch.randint(0, cfg.vocab_size, (case.micro, case.seq))
+        tracker = make_tracker(model, -1 if case.variant == "value_head" else cfg.vocab_size)
+        tracker.track_external(model)
+        with tracker, torch.set_grad_enabled(grad):
+            loss = _forward(model, ids, case.variant, cfg.vocab_size)
+            if grad:
+                tracker.backward = True
+                loss.backward()
+            tracker.sample("end")
+    return {
+        "traced_total": int(tracker.peak),
+        "traced_logits": int(tracker.peak_logits),
+        "peak_op": tracker.peak_op,
+        "seconds": round(time.perf_counter() - start, 1),
+    }
+
+
+def _build(cfg: Any, ckpt: bool, value_head: bool = False) -> Any:
+    """The model in bf16; with ``value_head`` the critic's token-classification model with one label."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        if value_head:
+            cfg.num_labels, cfg.classifier_dropout = 1, 0.0
+            model = AutoModelForTokenClassification.from_config(cfg)
+        else:
+            model = AutoModelForCausalLM.from_config(cfg)
+    finally:
+        torch.set_default_dtype(torch.float32)
+    if ckpt:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model
+
+
+def _forward(model: Any, ids: Any, variant: str, vocab: int) -> Any:
+    """One micro batch the way verl's FSDP engine processes it, ending in a scalar loss."""
+    import torch
+
+    labels = ids.reshape(-1)
+    if variant == "value_head":
+        return model(input_ids=ids, use_cache=False).logits.float().sum()
+    if variant == "fused_kernels":
+        from verl.utils.experimental.torch_functional import FusedLinearForPPO
+
+        hidden = model.model(input_ids=ids, use_cache=False).last_hidden_state
+        log_probs, entropy = FusedLinearForPPO()(
+            hidden.reshape(-1, hidden.shape[-1]), model.lm_head.weight, labels
+        )
+        return log_probs.sum() + entropy.sum()
+    raw = model(input_ids=ids, use_cache=False).logits
+    logits = raw.reshape(-1, vocab)
+    if variant == "temperature":
+        logits = logits / 0.7
+    elif variant == "no_remove_padding":
+        logits = torch.cat(list(raw.unbind()))
+    entropy = None
+    if variant == "eager_entropy":
+        entropy = eager_entropy(logits)
+    elif variant == "chunked_entropy":
+        entropy = chunked_entropy(logits, 512)
+    elif variant == "checkpointed_entropy":
+        entropy = torch.utils.checkpoint.checkpoint(eager_entropy, logits, use_reentrant=False)
+    log_probs = flash_ce().apply(logits, labels, entropy is None)
+    del raw, logits
+    loss = log_probs.sum()
+    return loss if entropy is None else loss + entropy.sum()
+
+
+def load_cache() -> dict[str, Any]:
+    """The traced results kept in bench/memory_calibration.json (empty when there are none)."""
+    if CACHE.is_file():
+        data: dict[str, Any] = json.loads(CACHE.read_text())
+        return data
+    return {"meta": {}, "cases": {}}

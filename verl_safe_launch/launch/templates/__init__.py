@@ -1,0 +1,1 @@
+"""Files the launch stage renders: the Slurm job's bash body."""

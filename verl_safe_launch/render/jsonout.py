@@ -1,0 +1,44 @@
+"""The one JSON shape of every verb: a ``schema`` number, a verdict where there is one, strict JSON only."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from verl_safe_launch.findings import Finding
+from verl_safe_launch.render.report import counts, findings_json, verdict
+
+JSON_SCHEMA_VERSION = 1
+
+
+def json_document(
+    fields: Mapping[str, Any], findings: Sequence[Finding] | None = None, *, list_findings: bool = True
+) -> dict[str, Any]:
+    """``{"schema": 1, ...fields}``; with ``findings`` also ``verdict`` and ``summary`` first, ``findings`` last.
+
+    The outcome comes before the details, the long list of findings after everything else (left out with
+    ``list_findings=False`` when ``fields`` list them in parts, as ``audit`` does per launch).
+    """
+    if findings is None:
+        return {"schema": JSON_SCHEMA_VERSION, **fields}
+    outcome = {"schema": JSON_SCHEMA_VERSION, "verdict": verdict(findings), "summary": counts(findings)}
+    listed = {"findings": findings_json(findings)} if list_findings else {}
+    return outcome | dict(fields) | listed
+
+
+def strict_json(value: Any) -> Any:
+    """``value`` with every NaN and infinity replaced by ``None`` (JSON has no such numbers), tuples as lists."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {key: strict_json(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [strict_json(item) for item in value]
+    return value
+
+
+def json_text(data: Any) -> str:
+    """Strict, indented JSON with a final newline (objects JSON cannot hold are written as strings)."""
+    return json.dumps(strict_json(data), indent=2, allow_nan=False, default=str) + "\n"
