@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import EXAMPLES, CliResult
+from conftest import EXAMPLES, CliResult, fresh_ray_env
 
 from verl_safe_launch.launch import NO_CUDA_NOTE, RUN_DIR_ENV, SETUP_HOOK
 
@@ -33,14 +33,15 @@ def ray_cluster() -> Iterator[tuple[str, Path]]:
     run_dir = temp / "run"
     run_dir.mkdir()
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("RAY_AUTH_MODE", "disabled")
-        mp.setenv("RAY_prestart_worker_first_driver", "0")
+        fresh_ray_env(mp, temp / "home")
         ray.init(
+            address="local",
             num_cpus=32,
             num_gpus=CLUSTER_GPUS,
             include_dashboard=False,
             _temp_dir=str(temp / "ray"),
             runtime_env={"worker_process_setup_hook": SETUP_HOOK, "env_vars": {RUN_DIR_ENV: str(run_dir)}},
+            _system_config={"prestart_worker_first_driver": False},
         )
         try:
             yield ray.get_runtime_context().gcs_address, run_dir
@@ -121,7 +122,6 @@ def test_run_refuses_a_cluster_with_too_few_gpus_before_submitting(
 ) -> None:
     address, _ = ray_cluster
     monkeypatch.setenv("RAY_ADDRESS", address)
-    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
     run_dir = tmp_path / "run"
     result = cli("run", "-c", str(EXAMPLES / "grpo_6gpu.yaml"), "--run-dir", str(run_dir))
     assert result.code == 3

@@ -8,6 +8,7 @@ from verl_safe_launch.launch.hooks import (
     RUN_DIR_ENV,
     SETUP_HOOK,
     USER_SETUP_HOOK_ENV,
+    WORKERS_FILE,
     install,
     patch_module,
     wrap_stage,
@@ -22,13 +23,17 @@ from verl_safe_launch.launch.plan import (
     render_plan,
 )
 from verl_safe_launch.launch.postmortem import (
+    NO_CUDA_FIX,
     NO_FIT,
+    failure_report,
+    first_failure,
     first_oom,
     load_fit,
     oom_report,
     read_records,
     render_peaks,
 )
+from verl_safe_launch.launch.ray_auth import NEW_TOKEN, AuthMismatch, RayAuth, ray_auth
 from verl_safe_launch.launch.rundir import (
     RUN_FILES,
     atomic_write,
@@ -50,11 +55,14 @@ from verl_safe_launch.launch.verl_handoff import (
     cause_line,
     check_cpus,
     check_gpus,
+    failed_worker,
     local_gpu_count,
     validate_with_verl,
 )
 
 __all__ = [
+    "NEW_TOKEN",
+    "NO_CUDA_FIX",
     "NO_CUDA_NOTE",
     "NO_FIT",
     "RUN_DIR_ENV",
@@ -62,10 +70,13 @@ __all__ = [
     "SETUP_HOOK",
     "STAGE_BY_NAME",
     "USER_SETUP_HOOK_ENV",
+    "WORKERS_FILE",
+    "AuthMismatch",
     "Container",
     "Joined",
     "LaunchBlocked",
     "LaunchPlan",
+    "RayAuth",
     "RayNode",
     "SlurmSpec",
     "allocation_lines",
@@ -76,6 +87,9 @@ __all__ = [
     "check_cpus",
     "check_gpus",
     "config_digest",
+    "failed_worker",
+    "failure_report",
+    "first_failure",
     "first_oom",
     "install",
     "joined_line",
@@ -88,6 +102,7 @@ __all__ = [
     "plan_launch",
     "prepare_run_dir",
     "ray_address",
+    "ray_auth",
     "read_records",
     "render_peaks",
     "render_plan",
