@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,8 @@ from verl_safe_launch.launch import (
     USER_SETUP_HOOK_ENV,
     AuthMismatch,
     LaunchBlocked,
+    RayAuth,
+    auth_env,
     auth_mode,
     cause_line,
     check_cpus,
@@ -265,3 +268,22 @@ def test_full_determinism_reaches_the_workers_as_in_run_ppo(
         "1",
         "7",
     )
+
+
+@pytest.mark.slow
+def test_a_new_token_lives_in_the_environment_only_while_ray_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RAY_AUTH_MODE", "")
+    monkeypatch.delenv("RAY_AUTH_MODE")
+    monkeypatch.setenv("RAY_AUTH_TOKEN", "")
+    monkeypatch.delenv("RAY_AUTH_TOKEN")
+    with auth_env(RayAuth("token", "Ray's default for a new local Ray", NEW_TOKEN)):
+        assert os.environ["RAY_AUTH_MODE"] == "token"
+        first = os.environ["RAY_AUTH_TOKEN"]
+        assert len(first) == 64
+    assert "RAY_AUTH_MODE" not in os.environ and "RAY_AUTH_TOKEN" not in os.environ
+    with auth_env(RayAuth("token", "Ray's default for a new local Ray", NEW_TOKEN)):
+        assert os.environ["RAY_AUTH_TOKEN"] != first  # one token per run
+    monkeypatch.setenv("RAY_AUTH_TOKEN", "mine")
+    with auth_env(RayAuth("token", "a token is available", "token from RAY_AUTH_TOKEN")):
+        assert os.environ["RAY_AUTH_TOKEN"] == "mine"
+    assert os.environ["RAY_AUTH_TOKEN"] == "mine"

@@ -33,7 +33,7 @@ from verl_safe_launch.launch.postmortem import (
     read_records,
     render_peaks,
 )
-from verl_safe_launch.launch.ray_auth import NEW_TOKEN, AuthMismatch, RayAuth, ray_auth
+from verl_safe_launch.launch.ray_auth import NEW_TOKEN, AuthMismatch, RayAuth, auth_env, ray_auth
 from verl_safe_launch.launch.rundir import (
     RUN_FILES,
     atomic_write,
@@ -81,6 +81,7 @@ __all__ = [
     "SlurmSpec",
     "allocation_lines",
     "atomic_write",
+    "auth_env",
     "auth_mode",
     "auto_run_dir",
     "cause_line",
