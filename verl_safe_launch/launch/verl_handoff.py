@@ -47,9 +47,8 @@ def validate_with_verl(cfg: Any) -> None:
 
 def cause_line(exc: BaseException) -> str:
     """The root cause in one line: under Ray's task errors, the original exception's type and first line."""
-    for _ in range(
-        32
-    ):  # a task error's cause may itself be a task error (a worker called by the task runner)
+    # a task error's cause may itself be a task error (a worker called by the task runner)
+    for _ in range(32):
         cause = getattr(exc, "cause", None)
         if not isinstance(cause, BaseException) or cause is exc:
             break
