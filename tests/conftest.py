@@ -111,6 +111,18 @@ def tiny_model(tmp_path: Path) -> Path:
     return make_tiny_model(tmp_path / "tiny-model")
 
 
+def fresh_ray_env(mp: pytest.MonkeyPatch, home: Path) -> None:
+    """Ray as on a fresh machine: no ``RAY_*`` variables and a HOME without ``~/.ray`` (Ray's default auth path).
+
+    The auth variables Ray itself sets while starting are put back (removed) when ``mp`` is undone.
+    """
+    home.mkdir(parents=True, exist_ok=True)
+    for name in {*(n for n in os.environ if n.startswith("RAY_")), "RAY_AUTH_MODE", "RAY_AUTH_TOKEN"}:
+        mp.setenv(name, "")  # recorded, so that undo restores the variable as it was (or removes it)
+        mp.delenv(name)
+    mp.setenv("HOME", str(home))
+
+
 def check_golden(name: str, actual: str) -> None:
     """Compare with ``tests/golden/NAME``; on mismatch print the diff and how to accept (VSL_UPDATE_GOLDEN=1)."""
     path = GOLDEN / name

@@ -12,19 +12,18 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import EXAMPLES, CliResult
+from conftest import EXAMPLES, CliResult, fresh_ray_env
 
 from verl_safe_launch.cli._run import NO_GPU
-from verl_safe_launch.launch import RUN_FILES
+from verl_safe_launch.launch import NEW_TOKEN, RUN_FILES
 
 EXAMPLE = str(EXAMPLES / "grpo_6gpu.yaml")
 BAD_MICRO = "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=7"
 
 
 @pytest.fixture(autouse=True)
-def _no_ray_address(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+def _fresh_machine(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> None:
+    fresh_ray_env(monkeypatch, tmp_path_factory.mktemp("home"))
 
 
 def test_preflight_errors_start_nothing_and_exit_1(cli: Callable[..., CliResult], tmp_path: Path) -> None:
@@ -71,7 +70,8 @@ def test_dry_run_writes_the_run_directory_validates_and_prints_the_plan(
     assert "verl's validate_config: passed" in lines
     plan = lines[lines.index("Dry run: nothing was started. This is what would launch:") + 1 :]
     assert plan[0] == "  Ray:          a new local Ray on this machine (local), RAY_AUTH_MODE=token"
-    assert plan[1].startswith("  GPUs needed:  ")
+    assert plan[1] == f"  Ray auth:     token (Ray's default for a new local Ray), {NEW_TOKEN}"
+    assert plan[2].startswith("  GPUs needed:  ")
     assert plan[-2] == "  task runner:  verl.trainer.main_ppo.TaskRunnerV1"
     assert {p.name for p in run_dir.iterdir()} == set(RUN_FILES)
     assert (run_dir / "overrides.txt").read_text() == "data.train_batch_size=60\npreset=medium\n"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import os
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -20,6 +21,7 @@ from verl_safe_launch.launch import (
     NO_CUDA_NOTE,
     RUN_DIR_ENV,
     STAGE_BY_NAME,
+    WORKERS_FILE,
     hooks,
     install,
     patch_module,
@@ -185,6 +187,11 @@ def test_install_patches_the_workers_module_when_it_is_imported_later(
     assert worker.update_actor({}) == "real"
     assert fake_engine_workers.ActorRolloutRefWorker.update_actor.__wrapped__ is not None
     assert [r["stage"] for r in _records(run_dir)] == ["actor_update"]
+    setup, patched = (json.loads(line) for line in (run_dir / WORKERS_FILE).read_text().splitlines())
+    assert (setup["event"], setup["pid"]) == ("setup", os.getpid())
+    assert (patched["event"], patched["patched"]) == ("patched", ["ActorRolloutRefWorker.update_actor"])
+    if hooks._cuda() is None:  # this process sees no CUDA device
+        assert (patched["cuda"], patched["note"]) == (False, NO_CUDA_NOTE)
     sys.modules.pop("fake_engine_workers", None)
 
 

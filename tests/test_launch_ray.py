@@ -1,5 +1,7 @@
 """On a real local Ray (own temp dir, shut down by the module): the memory hook lands in the workers of verl's
-own RayWorkerGroup, and the launcher's GPU check refuses a cluster with too few GPUs before submitting anything.
+own RayWorkerGroup, the launcher's GPU check refuses a cluster with too few GPUs before submitting anything, and a
+client without the cluster's token gets one clear error. The Ray here starts as on a fresh machine: no ``RAY_*``
+variables and no ``~/.ray`` (a temp HOME), so it runs with Ray's default token authentication.
 
 No GPU here: the worker group uses ``RayResourcePool(..., use_gpu=False)`` and the cluster declares 2 logical GPUs;
 the CUDA side of the records is exercised by ``bench/gpu_launch_smoke.py`` on a GPU machine.
@@ -8,7 +10,9 @@ the CUDA side of the records is exercised by ``bench/gpu_launch_smoke.py`` on a 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
@@ -16,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import EXAMPLES, CliResult
+from conftest import EXAMPLES, CliResult, fresh_ray_env
 
 from verl_safe_launch.launch import NO_CUDA_NOTE, RUN_DIR_ENV, SETUP_HOOK
 
@@ -33,14 +37,15 @@ def ray_cluster() -> Iterator[tuple[str, Path]]:
     run_dir = temp / "run"
     run_dir.mkdir()
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("RAY_AUTH_MODE", "disabled")
-        mp.setenv("RAY_prestart_worker_first_driver", "0")
+        fresh_ray_env(mp, temp / "home")
         ray.init(
+            address="local",
             num_cpus=32,
             num_gpus=CLUSTER_GPUS,
             include_dashboard=False,
             _temp_dir=str(temp / "ray"),
             runtime_env={"worker_process_setup_hook": SETUP_HOOK, "env_vars": {RUN_DIR_ENV: str(run_dir)}},
+            _system_config={"prestart_worker_first_driver": False},
         )
         try:
             yield ray.get_runtime_context().gcs_address, run_dir
@@ -121,7 +126,6 @@ def test_run_refuses_a_cluster_with_too_few_gpus_before_submitting(
 ) -> None:
     address, _ = ray_cluster
     monkeypatch.setenv("RAY_ADDRESS", address)
-    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
     run_dir = tmp_path / "run"
     result = cli("run", "-c", str(EXAMPLES / "grpo_6gpu.yaml"), "--run-dir", str(run_dir))
     assert result.code == 3
@@ -137,3 +141,33 @@ def test_run_refuses_a_cluster_with_too_few_gpus_before_submitting(
     import ray
 
     assert ray.is_initialized()  # the launcher leaves a Ray it did not start alone
+
+
+def test_attaching_without_the_clusters_token_is_one_clear_error(
+    ray_cluster: tuple[str, Path], tmp_path: Path
+) -> None:
+    """This module's Ray uses token auth (Ray's default); a new shell with no token attaches to it with none."""
+    address, _ = ray_cluster
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    (tmp_path / "home").mkdir()
+    env.update(HOME=str(tmp_path / "home"), RAY_ADDRESS=address)
+    env["RAY_gcs_server_port_wait_time_s"] = "2"  # Ray's connect retries (20 s by default), not auth
+    run_dir = tmp_path / "run"
+    command = [str(Path(sys.executable).with_name("verl-safe-launch")), "run", "--run-dir", str(run_dir)]
+    result = subprocess.run(
+        [*command, "-c", str(EXAMPLES / "grpo_6gpu.yaml")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 3, result.stderr[-3000:]
+    lines = result.stderr.splitlines()
+    assert lines[-3:] == [
+        f"error: the Ray cluster at {address} refused this process: it uses token authentication and this "
+        "process has no token (RAY_AUTH_MODE=disabled: no token available)",
+        f"  where: {address} (RAY_ADDRESS); run directory {run_dir}",
+        "  fix: use the cluster's token: RAY_AUTH_TOKEN=... or RAY_AUTH_TOKEN_PATH=FILE (as on its nodes), "
+        "or start the cluster with RAY_AUTH_MODE=disabled on every node",
+    ]
+    assert "Ray auth:     disabled (no token available)" in result.stdout

@@ -8,6 +8,8 @@ plus one record in the shape a CUDA worker writes (device fields), as a GPU run 
 from __future__ import annotations
 
 import json
+import os
+import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -22,6 +24,7 @@ from verl_safe_launch.context import RuleContext
 from verl_safe_launch.errors import LaunchError
 from verl_safe_launch.inputs import ComposeRequest, cli_tokens
 from verl_safe_launch.launch import (
+    NO_CUDA_FIX,
     NO_FIT,
     RUN_DIR_ENV,
     STAGE_BY_NAME,
@@ -187,3 +190,39 @@ def test_after_a_run_an_oom_record_wins_over_the_ray_error_and_exits_3(
     )
     assert err[3] == "  device: 79.0 of 79.1 GiB used, torch peak 75.2 GiB allocated"
     assert err[-2].startswith(f"  paste: {MICRO}=")
+
+
+def test_a_worker_failure_is_reported_with_the_stage_it_failed_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(RUN_DIR_ENV, str(tmp_path))
+
+    def fails(self: Worker, *args: Any) -> None:
+        raise RuntimeError("Distributed package doesn't have NCCL built in\nmore")
+
+    with pytest.raises(RuntimeError):
+        wrap_stage(fails, STAGE_BY_NAME["init_model"])(Worker(), {})
+    failure = LaunchError(
+        "the launch failed in WorkerDict.actor_rollout_init_model (pid 12, 10.0.0.3): RuntimeError: ...",
+        where=f"run directory {tmp_path}",
+        fix="look at the run directory",
+    )
+    plan = SimpleNamespace(run_dir=tmp_path)
+    pre = SimpleNamespace(context=context())
+    out = Outcome(json=True)
+    with pytest.raises(LaunchError) as info:
+        after_run(plan, pre, failure, out)  # type: ignore[arg-type]
+    record = postmortem.first_failure(read_records(tmp_path))
+    assert (
+        record is not None
+        and record["error"] == "RuntimeError: Distributed package doesn't have NCCL built in"
+    )
+    assert info.value.exit_code == 3
+    assert info.value.render().splitlines() == [
+        f"error: {failure.what}",
+        f"  where: stage init_model (ActorRolloutRefWorker.init_model), rank 2, pid {os.getpid()} on "
+        f"{socket.gethostname()} (no CUDA device); run directory {tmp_path}",
+        f"  fix: {NO_CUDA_FIX}",
+    ]
+    assert out.data["failed_stage"] == "init_model"
+    assert postmortem.failure_report(failure, None, tmp_path) is failure  # no record: the error as it was

@@ -177,15 +177,13 @@ def _record_forced(run_dir: Path, pre: Preflight, forced: list[str]) -> None:
 def _launch(cfg: Any, plan: LaunchPlan, pre: Preflight, forced: list[str], force: bool, out: Outcome) -> int:
     from verl_safe_launch.launch import verl_handoff as handoff
 
-    started = handoff.start_ray(plan)
     failure: VslError | None = None
-    try:
-        _check_cluster(plan, pre, forced, force, out)
-        handoff.submit(cfg, plan)
-    except VslError as exc:
-        failure = exc
-    finally:
-        handoff.stop_ray(started)
+    with handoff.ray_session(plan):
+        try:
+            _check_cluster(plan, pre, forced, force, out)
+            handoff.submit(cfg, plan)
+        except VslError as exc:
+            failure = exc
     return after_run(plan, pre, failure, out)
 
 
@@ -220,7 +218,10 @@ def after_run(plan: LaunchPlan, pre: Preflight, failure: VslError | None, out: O
         print(report.render(plan.run_dir), file=sys.stderr)
         return out.finish("oom", EXIT_LAUNCH)
     if failure is not None:
-        raise failure
+        failed = postmortem.first_failure(records)
+        if failed is not None:
+            out.data["failed_stage"] = failed.get("stage")
+        raise postmortem.failure_report(failure, failed, plan.run_dir)
     out.say(postmortem.render_peaks(records, postmortem.estimated_peaks(pre.context)))
     out.data["measured"] = postmortem.measured_peaks(records)
     return out.finish("finished", EXIT_OK)

@@ -27,6 +27,9 @@ USER_SETUP_HOOK_ENV = "VSL_USER_SETUP_HOOK"
 SETUP_HOOK = "verl_safe_launch.launch.hooks.install"
 WORKERS_MODULE = "verl.workers.engine_workers"
 NO_CUDA_NOTE = "no CUDA device in this process: torch and device memory not recorded"
+# One line per Ray worker process the setup hook ran in ("setup"), and per process whose verl worker classes it
+# wrapped ("patched", with the CUDA devices that process saw).
+WORKERS_FILE = "workers.jsonl"
 _PATCHED_ATTR = "__vsl_memory_hook__"
 _GIB = float(1 << 30)
 
@@ -48,9 +51,10 @@ def install() -> None:
         _call_fqn(user_hook)
     if not os.environ.get(RUN_DIR_ENV):
         return
+    _record_worker({"event": "setup"})
     module = sys.modules.get(WORKERS_MODULE)
     if module is not None:
-        patch_module(module)
+        _patch_and_record(module)
     elif not any(isinstance(finder, _PatchOnImport) for finder in sys.meta_path):
         sys.meta_path.insert(0, _PatchOnImport())
 
@@ -75,6 +79,31 @@ def patch_module(module: ModuleType, stages: Sequence[StageSpec] = STAGES) -> li
     return patched
 
 
+def _patch_and_record(module: ModuleType) -> None:
+    """Patch verl's worker module in this process and note it, with the CUDA devices this process sees."""
+    patched = patch_module(module)
+    _record_worker({"event": "patched", "patched": patched, **_devices()})
+
+
+def _devices() -> dict[str, object]:
+    cuda = _cuda()
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if cuda is None:
+        return {"cuda": False, "cuda_visible_devices": visible, "note": NO_CUDA_NOTE}
+    return {"cuda": True, "cuda_visible_devices": visible, "device_count": int(cuda.device_count())}
+
+
+def _record_worker(event: dict[str, object]) -> None:
+    """Append this process's line to ``workers.jsonl``; never raises (a hook must not break a worker)."""
+    run_dir = os.environ.get(RUN_DIR_ENV)
+    record = {**event, "pid": os.getpid(), "host": _HOST, "time": round(time.time(), 3)}
+    try:
+        if run_dir:
+            _append_line(str(Path(run_dir) / WORKERS_FILE), record)
+    except OSError as err:
+        print(f"verl-safe-launch hook: could not write {WORKERS_FILE}: {err}", file=sys.stderr)
+
+
 class _PatchingLoader(importlib.abc.Loader):
     """Delegates to the real loader, then patches the freshly executed module."""
 
@@ -86,7 +115,7 @@ class _PatchingLoader(importlib.abc.Loader):
 
     def exec_module(self, module: ModuleType) -> None:
         self.inner.exec_module(module)
-        patch_module(module)
+        _patch_and_record(module)
 
 
 class _PatchOnImport(importlib.abc.MetaPathFinder):
@@ -308,8 +337,12 @@ def append_record(record: dict[str, object]) -> None:
         return
     rank = record.get("rank")
     path = record_path(Path(run_dir), rank if isinstance(rank, int) else None)
+    _append_line(str(path), record)
+
+
+def _append_line(path: str, record: dict[str, object]) -> None:
     line = json.dumps(strict_json(record), default=str, allow_nan=False)
-    os.write(_append_fd(str(path)), (line + "\n").encode())
+    os.write(_append_fd(path), (line + "\n").encode())
 
 
 def _append_fd(path: str) -> int:

@@ -11,6 +11,7 @@ from typing import Any
 from verl_safe_launch.config_view import ConfigView
 from verl_safe_launch.errors import EXIT_PREFLIGHT, VslError
 from verl_safe_launch.launch.hooks import RUN_DIR_ENV, SETUP_HOOK, USER_SETUP_HOOK_ENV
+from verl_safe_launch.launch.ray_auth import RayAuth, ray_auth
 from verl_safe_launch.rules import CpuNeed, GpuNeed, cpu_need, gpu_need
 
 RUNNER_V1 = "verl.trainer.main_ppo.TaskRunnerV1"
@@ -29,7 +30,7 @@ class LaunchPlan:
 
     address: str | None
     address_source: str
-    auth_mode: str
+    auth: RayAuth
     init_kwargs: Mapping[str, Any]
     gpus: GpuNeed
     cpus: CpuNeed
@@ -41,7 +42,8 @@ class LaunchPlan:
         return {
             "ray_address": self.address or "local (a new Ray started by verl-safe-launch)",
             "ray_address_source": self.address_source,
-            "ray_auth_mode": self.auth_mode,
+            "ray_auth_mode": self.auth.mode,
+            "ray_auth": self.auth.to_json(),
             "ray_init": dict(self.init_kwargs),
             "gpus_needed": {
                 "total": self.gpus.total,
@@ -66,17 +68,8 @@ def ray_address(view: ConfigView, env: Mapping[str, str]) -> tuple[str | None, s
 
 
 def auth_mode(address: str | None, env: Mapping[str, str]) -> str:
-    """One RAY_AUTH_MODE for the driver and everything it starts.
-
-    An explicit RAY_AUTH_MODE wins. A new local Ray uses token auth (Ray's own default). Attaching, token auth
-    is assumed exactly when a token is available, as Ray's client would.
-    """
-    if env.get("RAY_AUTH_MODE"):
-        return env["RAY_AUTH_MODE"]
-    if address is None:
-        return "token"
-    token_file = Path(env.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
-    return "token" if env.get("RAY_AUTH_TOKEN") or token_file.is_file() else "disabled"
+    """The RAY_AUTH_MODE the driver and everything it starts use (see ``ray_auth``)."""
+    return ray_auth(address, env).mode
 
 
 def apply_determinism_env(cfg: Any, environ: dict[str, str] | os._Environ[str]) -> None:
@@ -114,16 +107,18 @@ def runtime_env(cfg: Any, run_dir: Path) -> dict[str, Any]:
 
 
 def init_kwargs(cfg: Any, address: str | None, cpus: CpuNeed, runtime: dict[str, Any]) -> dict[str, Any]:
-    """``ray.init`` arguments: the user's ``ray_kwargs.ray_init``, an explicit CPU count for a local Ray."""
+    """``ray.init`` arguments: the user's ``ray_kwargs.ray_init``, an explicit CPU count for a local Ray.
+
+    A new local Ray is asked for as ``address="local"``: Ray then never attaches to another Ray it finds running.
+    """
     from omegaconf import OmegaConf
 
     user: dict[str, Any] = OmegaConf.to_container(cfg.ray_kwargs.get("ray_init", {}), resolve=True)  # type: ignore[assignment]
     kwargs = {
         k: v for k, v in user.items() if v is not None and k not in ("runtime_env", "address", "num_cpus")
     }
-    if address is not None:
-        kwargs["address"] = address
-    else:
+    kwargs["address"] = address or "local"
+    if address is None:
         kwargs["num_cpus"] = local_num_cpus(user.get("num_cpus"), cpus)
     kwargs["runtime_env"] = runtime
     return kwargs
@@ -152,14 +147,16 @@ def plan_launch(cfg: Any, view: ConfigView, run_dir: Path, env: Mapping[str, str
     runtime = runtime_env(cfg, run_dir)
     kwargs = init_kwargs(cfg, address, cpus, runtime)
     runner = RUNNER_V1 if view.get("trainer.use_v1") else RUNNER_V0
-    return LaunchPlan(address, source, auth_mode(address, env), kwargs, gpus, cpus, runner, run_dir)
+    auth = ray_auth(address, env)
+    return LaunchPlan(address, source, auth, kwargs, gpus, cpus, runner, run_dir)
 
 
 def render_plan(plan: LaunchPlan) -> str:
     """The plan as text: Ray address, resources, runtime env and task runner."""
     where = plan.address or "a new local Ray on this machine"
     lines = [
-        f"  Ray:          {where} ({plan.address_source}), RAY_AUTH_MODE={plan.auth_mode}",
+        f"  Ray:          {where} ({plan.address_source}), RAY_AUTH_MODE={plan.auth.mode}",
+        f"  Ray auth:     {plan.auth.describe()}",
         f"  GPUs needed:  {plan.gpus.describe()}",
         f"  CPUs needed:  {plan.cpus.describe()}",
     ]

@@ -12,10 +12,15 @@ from typing import Any
 
 from verl_safe_launch.config_view import format_value
 from verl_safe_launch.context import RuleContext
+from verl_safe_launch.errors import LaunchError, VslError
 from verl_safe_launch.launch.hook_stages import STAGE_BY_NAME
 from verl_safe_launch.render import Column, render_table
 
 MARGIN = 0.10
+NO_CUDA_FIX = (
+    "the failing worker saw no CUDA device: run on a machine with GPUs "
+    "(memory-*.jsonl and workers.jsonl in the run directory say what each worker saw)"
+)
 UTIL_STEP = 0.1
 UTIL_FLOOR = 0.1
 NO_FIT = (
@@ -111,6 +116,28 @@ def read_records(run_dir: Path) -> list[dict[str, Any]]:
 def first_oom(records: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
     """The earliest out-of-memory record, if any."""
     return next((r for r in records if r.get("status") == "oom"), None)
+
+
+def first_failure(records: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+    """The earliest record of a stage call that raised (out of memory or any other error)."""
+    return next((r for r in records if r.get("status") in ("error", "oom")), None)
+
+
+def failure_report(failure: VslError, record: Mapping[str, Any] | None, run_dir: Path) -> VslError:
+    """The launch error with the post-mortem's stage (from the failing worker's record) and a fix for it."""
+    if record is None:
+        return failure
+    stage = str(record.get("stage"))
+    spec = STAGE_BY_NAME.get(stage)
+    method = f" ({spec.cls}.{spec.method})" if spec else ""
+    cuda = bool(record.get("cuda"))
+    device = f"CUDA device {record.get('device')}" if cuda else "no CUDA device"
+    where = (
+        f"stage {stage}{method}, rank {record.get('rank')}, pid {record.get('pid')} on {record.get('host')} "
+        f"({device}); run directory {run_dir}"
+    )
+    fix = failure.fix if cuda else NO_CUDA_FIX
+    return LaunchError(failure.what, where=where, fix=fix)
 
 
 FitFn = Callable[..., Any]

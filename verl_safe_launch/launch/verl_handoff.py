@@ -5,15 +5,17 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
+import re
 import socket
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from verl_safe_launch.errors import LaunchError
 from verl_safe_launch.launch.hooks import RUN_DIR_ENV
 from verl_safe_launch.launch.plan import LaunchBlocked, LaunchPlan
+from verl_safe_launch.launch.ray_auth import auth_env, refused
 from verl_safe_launch.launch.rundir import CONFIG_FILE, config_digest, render_config
 from verl_safe_launch.render import json_text
 from verl_safe_launch.rules import CpuNeed, GpuNeed
@@ -44,13 +46,30 @@ def validate_with_verl(cfg: Any) -> None:
 
 
 def cause_line(exc: BaseException) -> str:
-    """The root cause in one line: a Ray task error's original exception, type and first line."""
-    cause = getattr(exc, "cause", None)
-    if isinstance(cause, BaseException):
+    """The root cause in one line: under Ray's task errors, the original exception's type and first line."""
+    # a task error's cause may itself be a task error (a worker called by the task runner)
+    for _ in range(32):
+        cause = getattr(exc, "cause", None)
+        if not isinstance(cause, BaseException) or cause is exc:
+            break
         exc = cause
     text = str(exc).strip()
     first = text.splitlines()[0] if text else "(no message)"
     return f"{type(exc).__name__}: {first}"
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+# How Ray names the process a task error came from: "ray::WorkerDict.init_model() (pid=123, ip=10.0.0.2, ...".
+_RAY_TASK = re.compile(r"ray::([\w.]+)\(\)\s*\(pid=(\d+), ip=([^,)\s]+)")
+
+
+def failed_worker(exc: BaseException) -> str | None:
+    """The innermost Ray task in an error's traceback (the worker that raised first): ``Class.method (pid, ip)``."""
+    found = _RAY_TASK.findall(_ANSI.sub("", str(exc)))
+    if not found:
+        return None
+    name, pid, ip = found[-1]
+    return f"{name} (pid {pid}, {ip})"
 
 
 def local_gpu_count() -> int:
@@ -60,32 +79,50 @@ def local_gpu_count() -> int:
     return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
 
 
-def start_ray(plan: LaunchPlan) -> bool:
-    """Start a local Ray or attach to the planned cluster; False when this process already had Ray up."""
+@contextlib.contextmanager
+def ray_session(plan: LaunchPlan) -> Iterator[None]:
+    """Start a local Ray or attach to the planned cluster, and shut down only a Ray this context started.
+
+    When this process is already connected to Ray, that connection is used as it is.
+    """
     import ray
 
     if ray.is_initialized():
-        return False
-    os.environ["RAY_AUTH_MODE"] = plan.auth_mode
+        yield
+        return
+    with auth_env(plan.auth):
+        _init(plan)
+        try:
+            yield
+        finally:
+            ray.shutdown()
+
+
+def _init(plan: LaunchPlan) -> None:
+    import ray
+
     try:
         ray.init(**plan.init_kwargs)
     except Exception as exc:
-        where = plan.address or "local Ray"
-        raise LaunchError(
-            f"could not {'attach to' if plan.address else 'start'} Ray: {cause_line(exc)}",
-            where=f"{where} ({plan.address_source}); run directory {plan.run_dir}",
-            fix=_ray_fix(exc),
-        ) from None
-    return True
+        raise _ray_error(plan, exc) from None
 
 
-def _ray_fix(exc: BaseException) -> str:
-    if "Authentication" in type(exc).__name__ or "auth" in str(exc).lower():
-        return (
-            "use the cluster's auth mode everywhere: RAY_AUTH_MODE=token with the cluster's token "
-            "(RAY_AUTH_TOKEN or ~/.ray/auth_token), or RAY_AUTH_MODE=disabled on every node"
+def _ray_error(plan: LaunchPlan, exc: BaseException) -> LaunchError:
+    where = f"{plan.address or 'local Ray'} ({plan.address_source}); run directory {plan.run_dir}"
+    if refused(exc):
+        return LaunchError(
+            f"the Ray cluster at {plan.address} refused this process: it uses token authentication and this "
+            f"process {'presented a token it does not accept' if plan.auth.mode == 'token' else 'has no token'} "
+            f"(RAY_AUTH_MODE={plan.auth.mode}: {plan.auth.why})",
+            where=where,
+            fix="use the cluster's token: RAY_AUTH_TOKEN=... or RAY_AUTH_TOKEN_PATH=FILE (as on its nodes), "
+            "or start the cluster with RAY_AUTH_MODE=disabled on every node",
         )
-    return "check RAY_ADDRESS / ray_kwargs.ray_init.address, or unset both to start a local Ray"
+    return LaunchError(
+        f"could not {'attach to' if plan.address else 'start'} Ray: {cause_line(exc)}",
+        where=where,
+        fix="check RAY_ADDRESS / ray_kwargs.ray_init.address, or unset both to start a local Ray",
+    )
 
 
 def check_gpus(need: GpuNeed, resources: Mapping[str, float], where: str) -> LaunchError | None:
@@ -161,18 +198,10 @@ def submit(cfg: Any, plan: LaunchPlan) -> None:
     try:
         run_ppo(cfg, task_runner_class=runner)
     except Exception as exc:
+        worker = failed_worker(exc)
         raise LaunchError(
-            f"the launch failed: {cause_line(exc)}",
+            f"the launch failed{f' in {worker}' if worker else ''}: {cause_line(exc)}",
             where=f"run directory {plan.run_dir}",
             fix="the run directory holds the config, the command and the memory records; "
             "Ray's logs are under its session directory",
         ) from None
-
-
-def stop_ray(started: bool) -> None:
-    """Shut down the Ray this process started (never anything else)."""
-    if not started:
-        return
-    import ray
-
-    ray.shutdown()
