@@ -38,6 +38,14 @@ from verl_safe_launch.launch.rundir import (
     reproduce_command,
 )
 from verl_safe_launch.launch.slurm import Container, SlurmSpec, render_sbatch, sbatch_options
+from verl_safe_launch.launch.slurm_audit import (
+    BRINGUP_RULES,
+    BringupContext,
+    JobMigration,
+    bringup_findings,
+    plan_job,
+    ray_cpus_per_node,
+)
 from verl_safe_launch.launch.slurm_job import (
     Joined,
     RayNode,
@@ -55,6 +63,7 @@ from verl_safe_launch.launch.verl_handoff import (
 )
 
 __all__ = [
+    "BRINGUP_RULES",
     "NO_CUDA_NOTE",
     "NO_FIT",
     "RUN_DIR_ENV",
@@ -62,7 +71,9 @@ __all__ = [
     "SETUP_HOOK",
     "STAGE_BY_NAME",
     "USER_SETUP_HOOK_ENV",
+    "BringupContext",
     "Container",
+    "JobMigration",
     "Joined",
     "LaunchBlocked",
     "LaunchPlan",
@@ -72,6 +83,7 @@ __all__ = [
     "atomic_write",
     "auth_mode",
     "auto_run_dir",
+    "bringup_findings",
     "cause_line",
     "check_cpus",
     "check_gpus",
@@ -85,9 +97,11 @@ __all__ = [
     "missing_error",
     "oom_report",
     "patch_module",
+    "plan_job",
     "plan_launch",
     "prepare_run_dir",
     "ray_address",
+    "ray_cpus_per_node",
     "read_records",
     "render_peaks",
     "render_plan",
