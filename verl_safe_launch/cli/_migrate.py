@@ -9,8 +9,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from verl_safe_launch.audit import command_line, plan_migration, render_yaml
-from verl_safe_launch.audit.migrate import Migration
+from verl_safe_launch.audit import Migration, command_line, plan_migration, render_yaml
 from verl_safe_launch.cli._common import make_parser, parse
 from verl_safe_launch.compose import compose
 from verl_safe_launch.config_view import ConfigView
@@ -86,8 +85,10 @@ def _as_job(migration: Migration, job: JobScript, view: ConfigView, output: Path
     entries = tuple(e for e in migration.entries if e.key not in keys)
     tokens = tuple(t for t in migration.cli_tokens if t.partition("=")[0] not in keys)
     plan = plan_job(job, view)
+    fills = {key: getattr(job.allocation, name) for key, name, _ in GPU_KEYS}
     notes = [
         f"{e.key}={e.value} (line {e.source.line}) is left out: the job fills it from the allocation"
+        + (f" ({fills[e.key].value})" if fills[e.key] is not None else "")
         for e in dropped
     ]
     script = output.with_name(f"{output.stem}.job.sbatch")

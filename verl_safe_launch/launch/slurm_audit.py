@@ -12,8 +12,7 @@ from verl_safe_launch.config_view import ConfigView
 from verl_safe_launch.findings import Finding, Rule, Severity
 from verl_safe_launch.provenance import Layer, Source
 from verl_safe_launch.rules import CpuNeed, cpu_need, gpu_need
-from verl_safe_launch.shell import Command, Directive, JobScript
-from verl_safe_launch.shell.sbatch import GPU_OPTIONS, SLURM_VERB_OPTIONS
+from verl_safe_launch.shell import GPU_OPTIONS, SLURM_VERB_OPTIONS, Command, Directive, JobScript
 
 LAUNCH_MARKERS = ("verl.trainer.main_ppo", "verl/trainer/main_ppo.py", "-mverl.trainer.main_ppo")
 MIGRATE_HINT = "or replace the job: verl-safe-launch migrate {path} -o DIR"
@@ -230,7 +229,7 @@ def ray_cpus(ctx: BringupContext) -> list[Finding]:
     if ctx.view is None or not ctx.ray_starts:
         return []
     head = next((c for c in ctx.ray_starts if "--head" in c.words), ctx.ray_starts[0])
-    given = _int(head.option("--num-cpus"))
+    given = None if "SLURM_CPUS" in (head.raw_option("--num-cpus") or "") else _int(head.option("--num-cpus"))
     alloc = ctx.job.allocation
     have = given if given is not None else (alloc.cpus_per_task.value if alloc.cpus_per_task else None)
     nodes = alloc.nodes.value if alloc.nodes else 1

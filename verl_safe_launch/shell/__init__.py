@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from verl_safe_launch.shell.sbatch import (
+    GPU_OPTIONS,
+    SLURM_VERB_OPTIONS,
     Allocation,
     Command,
     Directive,
@@ -15,6 +17,8 @@ from verl_safe_launch.shell.sbatch import (
 from verl_safe_launch.shell.script import ScriptLaunch, ScriptNote, parse_script, read_script
 
 __all__ = [
+    "GPU_OPTIONS",
+    "SLURM_VERB_OPTIONS",
     "Allocation",
     "Command",
     "Directive",
