@@ -232,7 +232,8 @@ def ray_cpus(ctx: BringupContext) -> list[Finding]:
     given = None if "SLURM_CPUS" in (head.raw_option("--num-cpus") or "") else _int(head.option("--num-cpus"))
     alloc = ctx.job.allocation
     have = given if given is not None else (alloc.cpus_per_task.value if alloc.cpus_per_task else None)
-    nodes = alloc.nodes.value if alloc.nodes else 1
+    configured = ctx.view.get("trainer.nnodes")
+    nodes = configured if isinstance(configured, int) and configured > 0 else 1
     if have is None:
         return []
     need, bundles, per_node = ray_cpus_per_node(ctx.view, nodes)
