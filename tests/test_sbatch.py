@@ -265,3 +265,32 @@ def test_plain_scripts_migrate_as_before(cli: Callable[..., CliResult], tmp_path
     assert Severity.ERROR not in {
         f.severity for f in bringup_findings(read_job_script(SBATCH / "single_node.sbatch"))
     }
+
+
+def test_allocation_problems_are_named() -> None:
+    problems = {
+        d.text: why
+        for d, why in parse_job_script(
+            job("--nodes=2-4", "--gpus=6", "--ntasks-per-node=8", "--nodes=3", "--gpus=7"), "j"
+        ).allocation.problems
+    }
+    assert problems == {
+        "--gpus=7": "7 GPUs do not split evenly over 3 node(s); Slurm may place them unevenly",
+        "--ntasks-per-node=8": "Ray-on-Slurm runs one task per node; the CPUs per task are then a share",
+    }
+    ranged = parse_job_script(job("--nodes=2-4"), "j").allocation
+    assert ranged.nodes and ranged.nodes.value == 2
+    assert [why for _, why in ranged.problems] == ["a range; the launch is judged against the minimum, 2"]
+
+
+def test_docker_containers_are_listed_not_guessed(cli: Callable[..., CliResult], tmp_path: Path) -> None:
+    text = DOCS.read_text().replace(
+        "    ray start --head", '    docker exec "$CONTAINER_NAME" ray start --head'
+    )
+    script = tmp_path / "docker.sbatch"
+    script.write_text(text)
+    result = cli("migrate", str(script), "-o", f"{tmp_path}/out/")
+    assert result.code == 0, result.err
+    assert "--container" not in result.out
+    assert "note: line 33 runs in a container with docker" in result.err
+    assert (tmp_path / "out" / "docker.yaml").is_file()

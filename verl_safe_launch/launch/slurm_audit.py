@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from verl_safe_launch.config_view import ConfigView
 from verl_safe_launch.findings import Finding, Rule, Severity
+from verl_safe_launch.inputs import Fact
 from verl_safe_launch.provenance import Layer, Source
 from verl_safe_launch.rules import CpuNeed, cpu_need, gpu_need
 from verl_safe_launch.shell import GPU_OPTIONS, SLURM_VERB_OPTIONS, Command, Directive, JobScript
@@ -172,10 +173,10 @@ def ray_resources(ctx: BringupContext) -> list[Finding]:
 
 
 def _ray_count(
-    ctx: BringupContext, command: Command, flag: str, fact: object, noun: str, variable: str
+    ctx: BringupContext, command: Command, flag: str, fact: Fact[int] | None, noun: str, variable: str
 ) -> list[Finding]:
     value, raw = command.option(flag), command.raw_option(flag)
-    have = getattr(fact, "value", None)
+    have = fact.value if fact is not None else None
     env = "${SLURM_CPUS_PER_TASK}" if flag == "--num-cpus" else "${SLURM_GPUS_ON_NODE}"
     if value is None:
         counted = "the node's CPUs (or its cgroup's)" if flag == "--num-cpus" else "the GPUs it can see"
@@ -187,8 +188,8 @@ def _ray_count(
             _finding(ctx, "slurm-ray-resources", Severity.WARNING, command.line, command.text, message, fix)
         ]
     number = _int(value)
-    if number is not None and isinstance(have, int) and number != have:
-        severity = Severity.ERROR if flag == "--num-gpus" and number > have else Severity.WARNING
+    if number is not None and fact is not None and number != fact.value:
+        severity = Severity.ERROR if flag == "--num-gpus" and number > fact.value else Severity.WARNING
         message = f"ray start {flag}={number}, but the allocation has {have} {noun} ({_cite(fact)})"
         return [
             _finding(
@@ -216,11 +217,10 @@ def _ray_count(
     return []
 
 
-def _cite(fact: object) -> str:
-    source = getattr(fact, "source", None)
-    if isinstance(source, Source):
-        return f"{source.reason}, line {source.line}"
-    return "the allocation"
+def _cite(fact: Fact[int] | None) -> str:
+    if fact is None:
+        return "the allocation"
+    return f"{fact.source.reason}, line {fact.source.line}"
 
 
 @_rule("slurm-ray-cpus", "Ray's CPUs per node cover what the trainer reserves there", Severity.ERROR)
@@ -499,14 +499,17 @@ def find_container(job: JobScript) -> tuple[list[str], list[str]]:
                 if image is not None:
                     notes = _unresolved(image, command)
                     notes.append(
-                        f"{runtime}'s own options on line {command.line} are not carried over (the job binds its own directories)"
+                        f"{runtime}'s own options on line {command.line} are not carried over "
+                        "(the job binds its own directories)"
                     )
                     return ["--container", image, "--container-runtime", runtime], notes
-        if command.has("docker", "exec") or command.has("enroot", "start"):
-            return [], [
-                f"line {command.line} runs in a container with {command.words[command.words.index('docker') if 'docker' in command.words else 0]}: "
-                "verl-safe-launch slurm starts steps with apptainer, singularity or pyxis only; add --container yourself"
-            ]
+        other = next((w for w in ("docker", "podman", "enroot") if w in command.words), None)
+        if other is not None:
+            note = (
+                f"line {command.line} runs in a container with {other}: verl-safe-launch slurm starts steps "
+                "with apptainer, singularity or pyxis only; add --container IMAGE --container-runtime yourself"
+            )
+            return [], [note]
     return [], []
 
 
@@ -544,7 +547,8 @@ def _container_image(words: tuple[str, ...]) -> str | None:
 def _unresolved(image: str, command: Command) -> list[str]:
     if "$" in image:
         return [
-            f"the container image {image} (line {command.line}) depends on a variable the script does not set: replace it"
+            f"the container image {image} (line {command.line}) depends on a variable the script does not "
+            "set: replace it"
         ]
     return []
 
