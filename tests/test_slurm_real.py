@@ -7,6 +7,7 @@ directory, verl's validation, attach plan) against the job's real Ray cluster.
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -143,3 +144,26 @@ def test_sbatch_reads_quoted_values_exactly(
     finally:
         subprocess.run(["scancel", job_id], env=slurm.env, check=False)
     assert not list(tmp_path.glob("PWNED"))
+
+
+def test_migrated_two_node_job_runs_preflight_and_ray(
+    slurm: SlurmCluster, ray_root: Path, tmp_path: Path, cli: Callable[..., CliResult]
+) -> None:
+    """verl's Ray-on-Slurm sample (nodes_array bug, fixed sleeps, trainer.nnodes=4 on 2 nodes) → migrate → job."""
+    original = DATA / "sbatch" / "two_nodes_small.sbatch"
+    assert cli("audit", str(original)).code == 1
+    migrated = cli("migrate", str(original), "-o", f"{tmp_path}/")
+    assert migrated.code == 0, migrated.err
+    words = shlex.split(migrated.out)
+    assert words[:6] == ["verl-safe-launch", "slurm", "--nodes", "2", "--gpus-per-node", "2"]
+    at = words.index("-o")
+    here = ["--run-arg=--dry-run", "--setup", f"export PATH={VENV_BIN}:$PATH", "--join-timeout", "400"]
+    written = cli(*words[1:at], *here, *words[at:])
+    assert written.code == 0, written.out + written.err
+    job = submit(slurm, Path(words[at + 1]), ray_root)
+    assert (job.state, job.exit_code) == ("COMPLETED", 0), job.log
+    lines = job.log.splitlines()
+    assert "  trainer.nnodes          = 2  matches Slurm allocation, SLURM_JOB_NUM_NODES=2" in lines
+    assert "Ray cluster ready: 2/2 nodes joined: n1 (2 GPU, 16 CPU), n2 (2 GPU, 16 CPU)" in lines
+    assert job.log.index("allocation seen by the pre-flight") < job.log.index("vsl: Ray head on n1")
+    assert ray_processes(ray_root) == []

@@ -37,6 +37,7 @@ class Migration:
     config_files: tuple[Path, ...]
     cli_tokens: tuple[str, ...]
     notes: tuple[str, ...]
+    command: str | None = None
 
 
 def plan_migration(launch: ScriptLaunch, composed: Composed, output: Path) -> Migration:
@@ -139,6 +140,8 @@ def hydra_literal(value: object) -> str:
 
 def command_line(migration: Migration) -> str:
     """The equivalent ``verl-safe-launch`` command, every argument shell-quoted."""
+    if migration.command is not None:
+        return migration.command
     words = ["verl-safe-launch"]
     for path in (*migration.config_files, migration.output):
         words += ["-c", str(path)]

@@ -17,12 +17,14 @@ from verl_safe_launch.inputs import (
     OverrideToken,
     cli_tokens,
     detect_hardware,
+    merge_profiles,
     split_tool_tokens,
 )
+from verl_safe_launch.launch import bringup_findings
 from verl_safe_launch.preflight import run_preflight
 from verl_safe_launch.provenance import Layer, Source
 from verl_safe_launch.render import counts, findings_json, json_document, render_report, summary_line, verdict
-from verl_safe_launch.shell import ScriptLaunch, read_script
+from verl_safe_launch.shell import JobScript, ScriptLaunch, read_job_script, read_script, seeded_env
 
 EXAMPLES = """\
   verl-safe-launch audit run_qwen2-7b_grpo.sh
@@ -62,18 +64,32 @@ class Auditor:
         self.overlay = Overlay()
 
     def script(self, path: Path) -> ScriptAudit:
-        """Read and audit every launch in one script; an unreadable script is reported, not raised."""
+        """Read and audit every launch in one script; an unreadable script is reported, not raised.
+
+        A Slurm job script is judged against its own allocation (``#SBATCH`` lines, its ``sbatch`` options)
+        and its Ray bring-up is linted; ``hardware.*`` arguments after ``--`` still win.
+        """
         try:
             launches = read_script(path)
-            return ScriptAudit(str(path), tuple(self.launch(launch) for launch in launches))
+            job = read_job_script(path)
+            if not job.is_job:
+                return ScriptAudit(str(path), tuple(self.launch(launch) for launch in launches))
+            launches = read_script(path, env=seeded_env(job.allocation.slurm_env()))
+            hardware = merge_profiles(self.hardware, job.allocation.profile())
+            return ScriptAudit(str(path), tuple(self.launch(launch, hardware, job) for launch in launches))
         except VslError as exc:
             return ScriptAudit(str(path), error=exc)
 
-    def launch(self, launch: ScriptLaunch) -> LaunchAudit:
+    def launch(
+        self, launch: ScriptLaunch, hardware: HardwareProfile | None = None, job: JobScript | None = None
+    ) -> LaunchAudit:
         """Compose one launch (the script's overrides, then the passthrough arguments) and pre-flight it."""
         passthrough = self.passthrough if launch.passthrough else ()
         composed = self.overlay.compose(launch.request(passthrough))
-        findings = [*run_preflight(composed, self.hardware).findings, *script_findings(launch)]
+        pre = run_preflight(composed, hardware or self.hardware)
+        findings = [*pre.findings, *script_findings(launch)]
+        if job is not None:
+            findings += bringup_findings(job, composed.view)
         if self.passthrough and launch.passthrough is None:
             findings.append(_unused_passthrough(launch))
         return LaunchAudit(launch, tuple(findings))

@@ -6,41 +6,101 @@ import os
 import sys
 import tempfile
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
-from verl_safe_launch.audit import command_line, plan_migration, render_yaml
+from verl_safe_launch.audit import Migration, command_line, plan_migration, render_yaml
 from verl_safe_launch.cli._common import make_parser, parse
 from verl_safe_launch.compose import compose
+from verl_safe_launch.config_view import ConfigView
 from verl_safe_launch.errors import EXIT_OK, InputError, UsageError
-from verl_safe_launch.shell import ScriptLaunch, read_script
+from verl_safe_launch.inputs import GPU_KEYS
+from verl_safe_launch.launch import plan_job
+from verl_safe_launch.shell import JobScript, ScriptLaunch, read_job_script, read_script, seeded_env
 
 EXAMPLES = """\
   verl-safe-launch migrate run_qwen2-7b_grpo.sh -o run.yaml
   verl-safe-launch migrate two_runs.sh --launch 2 -o real_run.yaml --force
+  verl-safe-launch migrate job.sbatch -o migrated/
 
 The YAML holds the script's effective values; config group choices (model_engine=...), deletions (~key) and
 tool tokens stay on the printed command line. Values the script cannot determine are listed, not guessed.
+A Slurm job script (#SBATCH lines) prints the 'verl-safe-launch slurm ...' command that writes a new job for
+the same allocation; -o DIR writes DIR/SCRIPT.yaml.
 """
 
 
 def main(args: Sequence[str], offset: int) -> int:
     """Run ``migrate``."""
     parser = make_parser("migrate", "Turn a raw launch script into a user YAML file and a command.", EXAMPLES)
-    parser.add_argument("script", metavar="SCRIPT", help="the bash launch script")
-    parser.add_argument("-o", "--output", required=True, metavar="FILE.yaml", help="the YAML file to write")
+    parser.add_argument("script", metavar="SCRIPT", help="the bash launch script or Slurm job script")
+    parser.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        metavar="FILE.yaml|DIR",
+        help="the YAML file to write (or its directory)",
+    )
     parser.add_argument("--force", action="store_true", help="overwrite FILE.yaml if it exists")
     parser.add_argument("--launch", type=int, metavar="N", help="which launch of the script (1-based)")
     ns = parse(parser, args)
-    output = Path(ns.output)
+    output = _output(ns.output, ns.script)
     if output.exists() and not ns.force:
         raise InputError(f"{output} already exists", where="-o/--output", fix="pass --force to overwrite it")
-    launch = _choose(read_script(ns.script), ns.launch, ns.script)
-    migration = plan_migration(launch, compose(launch.request(lenient=True)), output)
+    launches = read_script(ns.script)
+    job = read_job_script(ns.script)
+    if job.is_job:
+        launches = read_script(ns.script, env=seeded_env(job.allocation.slurm_env()))
+    launch = _choose(launches, ns.launch, ns.script)
+    composed = compose(launch.request(lenient=True))
+    migration = plan_migration(launch, composed, output)
+    if job.is_job:
+        migration = _as_job(migration, job, composed.view, output)
     write_atomic(output, render_yaml(migration))
     print(command_line(migration))
     for note in migration.notes:
         print(f"note: {note}", file=sys.stderr)
     return EXIT_OK
+
+
+def _output(text: str, script: str) -> Path:
+    """``-o FILE.yaml``, or ``-o DIR`` (an existing directory, or a path ending in '/'): DIR/SCRIPT.yaml."""
+    path = Path(text)
+    if path.is_dir() or text.endswith(os.sep):
+        if not path.is_dir():
+            try:
+                path.mkdir(parents=True)
+            except OSError as exc:
+                raise InputError(
+                    f"cannot create {path}: {exc.strerror or exc}", where="-o/--output"
+                ) from None
+        return path / f"{Path(script).stem}.yaml"
+    return path
+
+
+def _as_job(migration: Migration, job: JobScript, view: ConfigView, output: Path) -> Migration:
+    """The ``slurm`` command for the same allocation; GPU counts come from it, not from the YAML."""
+    keys = {key for key, _, _ in GPU_KEYS}
+    dropped = [e for e in migration.entries if e.key in keys]
+    entries = tuple(e for e in migration.entries if e.key not in keys)
+    tokens = tuple(t for t in migration.cli_tokens if t.partition("=")[0] not in keys)
+    plan = plan_job(job, view)
+    fills = {key: getattr(job.allocation, name) for key, name, _ in GPU_KEYS}
+    notes = [
+        f"{e.key}={e.value} (line {e.source.line}) is left out: the job fills it from the allocation"
+        + (f" ({fills[e.key].value})" if fills[e.key] is not None else "")
+        for e in dropped
+    ]
+    script = output.with_name(f"{output.stem}.job.sbatch")
+    configs = (*(str(p) for p in migration.config_files), str(output))
+    command = plan.command(configs, tokens, str(script))
+    return replace(
+        migration,
+        entries=entries,
+        cli_tokens=tokens,
+        notes=(*migration.notes, *notes, *plan.notes),
+        command=command,
+    )
 
 
 def _choose(launches: tuple[ScriptLaunch, ...], wanted: int | None, script: str) -> ScriptLaunch:

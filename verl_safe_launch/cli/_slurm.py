@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import shutil
 import subprocess
@@ -32,7 +31,7 @@ from verl_safe_launch.inputs import (
     request_from_args,
     split_tool_tokens,
 )
-from verl_safe_launch.launch import slurm
+from verl_safe_launch.launch import slurm, slurm_audit
 from verl_safe_launch.preflight import run_preflight
 from verl_safe_launch.presets import compose_with_preset
 from verl_safe_launch.provenance import Layer, Source
@@ -196,11 +195,7 @@ def _option_token(args: Sequence[str], offset: int, flag: str, text: str) -> Ove
 
 def _cpus_per_task(view: ConfigView, given: int | None, nodes: int) -> tuple[int, Finding | None]:
     """CPUs per node for Ray: what the run reserves per node by default; refuse fewer when given."""
-    from verl_safe_launch.rules import cpu_need, gpu_need
-
-    need = cpu_need(view, gpu_need(view))
-    bundles = math.ceil(need.gpu_bundles / nodes)
-    per_node = bundles + need.transfer_queue + need.headroom
+    need, bundles, per_node = slurm_audit.ray_cpus_per_node(view, nodes)
     if given is None:
         return per_node, None
     if given >= bundles and given * nodes >= need.total:

@@ -6,12 +6,14 @@ from verl_safe_launch.inputs.architecture import load_architecture
 from verl_safe_launch.inputs.hardware import (
     DETECT_ENV,
     GPU_KEYS,
+    Fact,
     HardwareProfile,
     as_profile,
     count_of,
     detect_hardware,
     hardware_fills,
     hardware_findings,
+    merge_profiles,
 )
 from verl_safe_launch.inputs.keytypes import (
     KeyFacts,
@@ -37,6 +39,7 @@ __all__ = [
     "GPU_KEYS",
     "PRIMARY_CONFIG",
     "ComposeRequest",
+    "Fact",
     "HardwareProfile",
     "KeyFacts",
     "OverrideToken",
@@ -53,6 +56,7 @@ __all__ = [
     "hardware_findings",
     "key_facts",
     "load_architecture",
+    "merge_profiles",
     "names_read_with_get",
     "parse_override",
     "parse_yaml",

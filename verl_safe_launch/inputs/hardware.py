@@ -82,6 +82,17 @@ def detect_hardware(tool: ToolSettings, env: Mapping[str, str] | None = None) ->
     )
 
 
+def merge_profiles(first: HardwareProfile, then: HardwareProfile) -> HardwareProfile:
+    """Each value from ``first`` where it knows it, else from ``then`` (notes from both)."""
+    return HardwareProfile(
+        nodes=first.nodes or then.nodes,
+        gpus_per_node=first.gpus_per_node or then.gpus_per_node,
+        gpu_memory_gb=first.gpu_memory_gb or then.gpu_memory_gb,
+        gpu_name=first.gpu_name or then.gpu_name,
+        notes=first.notes + then.notes,
+    )
+
+
 def as_profile(tool: ToolSettings, hardware: HardwareFacts | HardwareProfile | None) -> HardwareProfile:
     """A profile from what a caller passed: nothing (detect), plain facts (taken as given) or a profile."""
     if isinstance(hardware, HardwareProfile):
@@ -334,7 +345,8 @@ def _mismatch(view: ConfigView, profile: HardwareProfile, key: str, name: str, n
             "hardware-mismatch",
             Severity.ERROR,
             (key,),
-            f"{key}={value} asks for more {noun} than the hardware has ({fact.value})",
+            f"{key}={value} asks for more {noun} than the hardware has ({fact.value})"
+            + _lines(prov.source, fact),
             f"{key}={fact.value}" + _UNSET_HINT.get(prov.source.layer, _UNSET_HINT[Layer.CLI]),
             sources,
         )
@@ -342,10 +354,24 @@ def _mismatch(view: ConfigView, profile: HardwareProfile, key: str, name: str, n
         "hardware-mismatch",
         Severity.WARNING,
         (key,),
-        f"{key}={value} uses fewer {noun} than the hardware has ({fact.value}); the rest stay idle",
+        f"{key}={value} uses fewer {noun} than the hardware has ({fact.value}); the rest stay idle"
+        + _lines(prov.source, fact),
         f"{key}={fact.value}, or declare hardware.{name}={value} if leaving them idle is intended",
         sources,
     )
+
+
+def _lines(config: Source, fact: Fact[int]) -> str:
+    """`` (line 70 of job.sbatch; the allocation: #SBATCH --nodes=2, line 3)`` when the fact cites a line."""
+    hw = fact.source
+    if hw.line is None or hw.file is None:
+        return ""
+    where = (
+        f"line {config.line} of {config.file}"
+        if config.line is not None and config.file
+        else config.describe()
+    )
+    return f" ({where}; the allocation: {hw.reason or hw.raw}, line {hw.line})"
 
 
 _UNSET_HINT = {

@@ -43,6 +43,14 @@ from verl_safe_launch.launch.rundir import (
     reproduce_command,
 )
 from verl_safe_launch.launch.slurm import Container, SlurmSpec, render_sbatch, sbatch_options
+from verl_safe_launch.launch.slurm_audit import (
+    BRINGUP_RULES,
+    BringupContext,
+    JobMigration,
+    bringup_findings,
+    plan_job,
+    ray_cpus_per_node,
+)
 from verl_safe_launch.launch.slurm_job import (
     Joined,
     RayNode,
@@ -61,6 +69,7 @@ from verl_safe_launch.launch.verl_handoff import (
 )
 
 __all__ = [
+    "BRINGUP_RULES",
     "NEW_TOKEN",
     "NO_CUDA_FIX",
     "NO_CUDA_NOTE",
@@ -72,7 +81,9 @@ __all__ = [
     "USER_SETUP_HOOK_ENV",
     "WORKERS_FILE",
     "AuthMismatch",
+    "BringupContext",
     "Container",
+    "JobMigration",
     "Joined",
     "LaunchBlocked",
     "LaunchPlan",
@@ -84,6 +95,7 @@ __all__ = [
     "auth_env",
     "auth_mode",
     "auto_run_dir",
+    "bringup_findings",
     "cause_line",
     "check_cpus",
     "check_gpus",
@@ -100,10 +112,12 @@ __all__ = [
     "missing_error",
     "oom_report",
     "patch_module",
+    "plan_job",
     "plan_launch",
     "prepare_run_dir",
     "ray_address",
     "ray_auth",
+    "ray_cpus_per_node",
     "read_records",
     "render_peaks",
     "render_plan",

@@ -69,8 +69,11 @@ class ScriptLaunch:
         return ComposeRequest(overrides=tokens, config_files=self.config_files, lenient=lenient)
 
 
-def read_script(path: Path | str) -> tuple[ScriptLaunch, ...]:
-    """Read a launch script; raise InputError when it is unreadable, not shell, or launches nothing."""
+def read_script(path: Path | str, env: Env | None = None) -> tuple[ScriptLaunch, ...]:
+    """Read a launch script; raise InputError when it is unreadable, not shell, or launches nothing.
+
+    ``env`` holds variables the script may read without setting them (those Slurm sets in a job).
+    """
     path = Path(path)
     try:
         data = path.read_bytes()
@@ -85,7 +88,7 @@ def read_script(path: Path | str) -> tuple[ScriptLaunch, ...]:
             f"{path} is not a text file (byte {exc.start} is not UTF-8)",
             fix="pass a bash launch script",
         ) from None
-    launches = parse_script(text, str(path), base_dir=path.parent)
+    launches = parse_script(text, str(path), base_dir=path.parent, env=env)
     if not launches:
         raise InputError(
             f"no 'python -m {MODULE}' launch found in {path}",
@@ -95,7 +98,9 @@ def read_script(path: Path | str) -> tuple[ScriptLaunch, ...]:
     return launches
 
 
-def parse_script(text: str, name: str, base_dir: Path | None = None) -> tuple[ScriptLaunch, ...]:
+def parse_script(
+    text: str, name: str, base_dir: Path | None = None, env: Env | None = None
+) -> tuple[ScriptLaunch, ...]:
     """Every launch in the script text (possibly none); raise InputError on invalid shell syntax."""
     try:
         tokens = lex(text.replace("\r\n", "\n"))
@@ -105,7 +110,7 @@ def parse_script(text: str, name: str, base_dir: Path | None = None) -> tuple[Sc
             where=f"{name}:{exc.line}",
             fix="check the quotes and brackets on that line (bash -n runs the same check)",
         ) from None
-    return _Reader(name).run(tokens)
+    return _Reader(name, env).run(tokens)
 
 
 @dataclass
@@ -136,9 +141,9 @@ def _commands(tokens: list[Token]) -> list[_Command]:
 
 
 class _Reader:
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, env: Env | None = None) -> None:
         self.name = name
-        self.env: Env = {}
+        self.env: Env = dict(env or {})
         self.notes: list[ScriptNote] = []
         self.depth = 0
         self.function_depth = 0

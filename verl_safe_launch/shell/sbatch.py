@@ -1,0 +1,550 @@
+"""Read Slurm job scripts: ``#SBATCH`` directives as hardware facts with their lines, and the job's commands."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from verl_safe_launch.inputs import Fact, HardwareProfile
+from verl_safe_launch.provenance import Layer, Source
+from verl_safe_launch.shell.expand import Env, Expander, Scalar, apply_assignments
+from verl_safe_launch.shell.words import ArrayAssign, Op, PartKind, ShellSyntaxError, Token, Word, lex
+
+SHORT_FLAGS = {
+    "-N": "--nodes",
+    "-n": "--ntasks",
+    "-c": "--cpus-per-task",
+    "-t": "--time",
+    "-p": "--partition",
+    "-A": "--account",
+    "-J": "--job-name",
+    "-o": "--output",
+    "-e": "--error",
+    "-G": "--gpus",
+    "-q": "--qos",
+    "-w": "--nodelist",
+    "-x": "--exclude",
+    "-C": "--constraint",
+    "-D": "--chdir",
+    "-a": "--array",
+    "-d": "--dependency",
+    "-L": "--licenses",
+    "-M": "--clusters",
+    "-m": "--distribution",
+    "-i": "--input",
+    "-F": "--nodefile",
+    "-S": "--core-spec",
+    "-B": "--extra-node-info",
+    "-O": "--overcommit",
+    "-H": "--hold",
+    "-W": "--wait",
+    "-s": "--oversubscribe",
+    "-Q": "--quiet",
+    "-v": "--verbose",
+}
+"""sbatch's one-letter options and their long names."""
+
+NO_VALUE = frozenset(
+    {
+        "--exclusive",
+        "--overcommit",
+        "--hold",
+        "--wait",
+        "--oversubscribe",
+        "--quiet",
+        "--verbose",
+        "--requeue",
+        "--no-requeue",
+        "--parsable",
+        "--test-only",
+        "--contiguous",
+        "--use-min-nodes",
+        "--spread-job",
+        "--ignore-pbs",
+        "--reboot",
+        "--no-kill",
+        "--get-user-env",
+    }
+)
+"""sbatch options that take no value (``--exclusive``'s optional value only with ``=``)."""
+
+SLURM_VERB_OPTIONS = (
+    "--nodes",
+    "--cpus-per-task",
+    "--mem",
+    "--time",
+    "--partition",
+    "--account",
+    "--qos",
+    "--job-name",
+    "--output",
+)
+"""Directives ``verl-safe-launch slurm`` writes itself (GPUs per node aside), in its option order."""
+
+GPU_OPTIONS = ("--gpus-per-node", "--gres", "--gpus", "--gpus-per-task")
+_LOOPS = frozenset({"while", "until", "for", "select"})
+_PREFIX = frozenset({"then", "else", "elif", "do", "!", "{", "}", "time", "exec", "nohup", "command"})
+_SEPARATORS = frozenset({"\n", ";", "&", "&&", "||", "|", "|&", ";;", "(", ")"})
+_REDIRECTS = frozenset({">", ">>", "<", "&>", ">&", "<&", "<<", "<<-", "<<<"})
+
+
+@dataclass(frozen=True)
+class Directive:
+    """One sbatch option of the job: its long name, its value, and where it was written."""
+
+    flag: str
+    value: str | None
+    line: int
+    raw: str
+    origin: str = "#SBATCH"
+
+    @property
+    def text(self) -> str:
+        """``--nodes=2``."""
+        return self.flag if self.value is None else f"{self.flag}={self.value}"
+
+    def source(self, path: str) -> Source:
+        """Where the value came from, as a hardware source citing the line."""
+        return Source(
+            Layer.HARDWARE, file=path, line=self.line, raw=self.raw, reason=f"{self.origin} {self.text}"
+        )
+
+
+@dataclass(frozen=True)
+class Command:
+    """One simple command of the job script: its words (expanded where the script determines them)."""
+
+    words: tuple[str, ...]
+    raws: tuple[str, ...]
+    line: int
+    background: bool
+    polling: bool
+    top_level: bool
+
+    @property
+    def name(self) -> str:
+        """The command's first word."""
+        return self.words[0] if self.words else ""
+
+    def has(self, *words: str) -> bool:
+        """True when ``words`` appear in order, one after the other."""
+        n = len(words)
+        return any(self.words[i : i + n] == words for i in range(len(self.words) - n + 1))
+
+    def option(self, *names: str) -> str | None:
+        """The value of the first of ``names`` given as ``--name=value`` or ``--name value``; None if absent."""
+        for i, word in enumerate(self.words):
+            for name in names:
+                if word == name and i + 1 < len(self.words):
+                    return self.words[i + 1]
+                if word.startswith(name + "=") or (len(name) == 2 and word.startswith(name) and word != name):
+                    return word[len(name) :].removeprefix("=")
+        return None
+
+    def raw_option(self, *names: str) -> str | None:
+        """Like ``option`` but the value as written (quotes and ``$`` kept)."""
+        for i, word in enumerate(self.raws):
+            for name in names:
+                if word == name and i + 1 < len(self.raws):
+                    return self.raws[i + 1]
+                if word.startswith(name + "="):
+                    return word[len(name) + 1 :]
+        return None
+
+    @property
+    def text(self) -> str:
+        """The command as written, on one line."""
+        return " ".join(self.raws)
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """What the job asks Slurm for: each value a fact citing its directive; what sbatch would ignore."""
+
+    path: str
+    directives: tuple[Directive, ...]
+    nodes: Fact[int] | None = None
+    gpus_per_node: Fact[int] | None = None
+    gpu_type: Fact[str] | None = None
+    cpus_per_task: Fact[int] | None = None
+    mem: Fact[str] | None = None
+    time: Fact[str] | None = None
+    problems: tuple[tuple[Directive, str], ...] = ()
+
+    def last(self, flag: str) -> Directive | None:
+        """The directive that takes effect for ``flag`` (sbatch's own options win over ``#SBATCH`` lines)."""
+        found = [d for d in self.directives if d.flag == flag]
+        return found[-1] if found else None
+
+    def profile(self) -> HardwareProfile:
+        """The hardware facts the pre-flight judges the launch against."""
+        return HardwareProfile(nodes=self.nodes, gpus_per_node=self.gpus_per_node, gpu_name=self.gpu_type)
+
+    def slurm_env(self) -> dict[str, str]:
+        """The variables Slurm sets in the job from these options (only those the options determine)."""
+        env: dict[str, str] = {}
+        if self.nodes is not None:
+            env["SLURM_NNODES"] = env["SLURM_JOB_NUM_NODES"] = str(self.nodes.value)
+        if self.cpus_per_task is not None and self.last("--cpus-per-task") is not None:
+            env["SLURM_CPUS_PER_TASK"] = str(self.cpus_per_task.value)
+        gpus = self.last("--gpus-per-node")
+        if gpus is not None and gpus.value:
+            env["SLURM_GPUS_PER_NODE"] = gpus.value
+        return env
+
+
+@dataclass(frozen=True)
+class JobScript:
+    """A Slurm job script: its allocation, the ``#SBATCH`` lines sbatch ignores, and its commands in order."""
+
+    path: str
+    allocation: Allocation
+    ignored: tuple[Directive, ...] = ()
+    commands: tuple[Command, ...] = ()
+    arrays: tuple[ArrayAssign, ...] = ()
+
+    @property
+    def is_job(self) -> bool:
+        """True when the script carries sbatch options (``#SBATCH`` lines or its own ``sbatch`` call)."""
+        return bool(self.allocation.directives or self.ignored)
+
+
+def read_job_script(path: Path | str) -> JobScript:
+    """Read the sbatch options and commands of a script (which must be readable UTF-8 shell)."""
+    text = Path(path).read_text(encoding="utf-8", errors="replace")
+    return parse_job_script(text, str(path))
+
+
+def parse_job_script(text: str, name: str) -> JobScript:
+    """The job script's directives and commands; a script that is not valid shell has commands ()."""
+    text = text.replace("\r\n", "\n")
+    directives, ignored = _header_directives(text)
+    try:
+        tokens = lex(text)
+    except ShellSyntaxError:
+        tokens = []
+    header = allocation(tuple(directives), name)
+    commands, arrays = _Walker(seeded_env(header.slurm_env())).run(tokens)
+    for command in commands:
+        if command.name == "sbatch":
+            directives += _command_options(command)
+    return JobScript(
+        name, allocation(tuple(directives), name), tuple(ignored), tuple(commands), tuple(arrays)
+    )
+
+
+# --- #SBATCH lines and sbatch options ---------------------------------------------------------------------
+
+
+def _header_directives(text: str) -> tuple[list[Directive], list[Directive]]:
+    """``#SBATCH`` lines up to the first command (sbatch reads no further), and those after it."""
+    read: list[Directive] = []
+    ignored: list[Directive] = []
+    in_header = True
+    for number, line in enumerate(text.split("\n"), start=1):
+        stripped = line.strip()
+        if number == 1 and stripped.startswith("#!"):
+            continue
+        if stripped.startswith("#SBATCH"):
+            found = _options(_split(stripped[len("#SBATCH") :]), number, stripped, "#SBATCH")
+            (read if in_header else ignored).extend(found)
+        elif stripped and not stripped.startswith("#"):
+            in_header = False
+    return read, ignored
+
+
+def _split(text: str) -> list[str]:
+    try:
+        return shlex.split(text, comments=True)
+    except ValueError:
+        return text.split("#", 1)[0].split()
+
+
+def _options(words: list[str], line: int, raw: str, origin: str) -> list[Directive]:
+    out: list[Directive] = []
+    i = 0
+    while i < len(words):
+        word = words[i]
+        i += 1
+        if not word.startswith("-"):
+            break
+        if word.startswith("--"):
+            flag, eq, value = word.partition("=")
+            if not eq and flag not in NO_VALUE and i < len(words) and not words[i].startswith("-"):
+                value, eq, i = words[i], "=", i + 1
+        else:
+            flag, value = SHORT_FLAGS.get(word[:2], word[:2]), word[2:]
+            eq = "=" if value else ""
+            if not value and flag not in NO_VALUE and i < len(words):
+                value, eq, i = words[i], "=", i + 1
+        out.append(Directive(flag, value if eq else None, line, raw, origin))
+    return out
+
+
+def _command_options(command: Command) -> list[Directive]:
+    """The options of the script's own ``sbatch`` call (they win over ``#SBATCH`` lines)."""
+    return _options(list(command.words[1:]), command.line, command.text, "sbatch")
+
+
+# --- the allocation ----------------------------------------------------------------------------------------
+
+
+def allocation(directives: tuple[Directive, ...], path: str) -> Allocation:
+    """Turn directives into facts: nodes, GPUs per node (any spelling), CPUs per task, memory, time."""
+    last: dict[str, Directive] = {d.flag: d for d in directives}
+    problems: list[tuple[Directive, str]] = []
+    nodes = _count(last.get("--nodes"), path, problems)
+    per_node, gpu_type = _gpus(last, nodes, path, problems)
+    cpus = _count(last.get("--cpus-per-task"), path, problems)
+    per_gpu = last.get("--cpus-per-gpu")
+    if cpus is None and per_gpu is not None and per_gpu.value and per_gpu.value.isdigit() and per_node:
+        value = int(per_gpu.value) * per_node.value
+        cpus = Fact(value, per_gpu.source(path))
+    tasks = last.get("--ntasks-per-node")
+    if tasks is not None and tasks.value not in (None, "1"):
+        problems.append((tasks, "Ray-on-Slurm runs one task per node; the CPUs per task are then a share"))
+    return Allocation(
+        path,
+        directives,
+        nodes=nodes,
+        gpus_per_node=per_node,
+        gpu_type=gpu_type,
+        cpus_per_task=cpus,
+        mem=_text(last.get("--mem"), path),
+        time=_text(last.get("--time"), path),
+        problems=tuple(problems),
+    )
+
+
+def _text(directive: Directive | None, path: str) -> Fact[str] | None:
+    if directive is None or not directive.value:
+        return None
+    return Fact(directive.value, directive.source(path))
+
+
+def _count(directive: Directive | None, path: str, problems: list[tuple[Directive, str]]) -> Fact[int] | None:
+    if directive is None:
+        return None
+    match = re.fullmatch(r"(\d+)(?:[-:,](\d+))?", directive.value or "")
+    if match is None or int(match.group(1)) < 1:
+        problems.append((directive, f"'{directive.value}' is not a count this reader understands"))
+        return None
+    if match.group(2) is not None:
+        problems.append((directive, f"a range; the launch is judged against the minimum, {match.group(1)}"))
+    return Fact(int(match.group(1)), directive.source(path))
+
+
+def parse_gres(text: str) -> tuple[str | None, int] | None:
+    """The GPU type and count of a ``--gres`` value (``gpu:8``, ``gpu:a100:8``, ``gpu``); None without GPUs."""
+    for item in text.split(","):
+        fields = re.sub(r"\(.*\)$", "", item.strip()).split(":")
+        if fields[0] not in ("gpu", "gres/gpu"):
+            continue
+        rest = fields[1:]
+        if rest and rest[-1].isdigit():
+            return (rest[0] if len(rest) > 1 else None), int(rest[-1])
+        return (rest[0] if rest else None), 1
+    return None
+
+
+def _typed_count(text: str) -> tuple[str | None, int] | None:
+    """``8`` or ``h100:8`` (``--gpus-per-node``, ``--gpus``)."""
+    match = re.fullmatch(r"(?:gpu:)?(?:([A-Za-z][\w.-]*):)?(\d+)", text.strip())
+    if match is None:
+        return None
+    return match.group(1), int(match.group(2))
+
+
+def _gpus(
+    last: dict[str, Directive],
+    nodes: Fact[int] | None,
+    path: str,
+    problems: list[tuple[Directive, str]],
+) -> tuple[Fact[int] | None, Fact[str] | None]:
+    """GPUs per node from ``--gpus-per-node``, ``--gres=gpu:…``, ``--gpus`` / nodes or ``--gpus-per-task``."""
+    found: list[tuple[Directive, str | None, int]] = []
+    for flag in GPU_OPTIONS:
+        directive = last.get(flag)
+        if directive is None or not directive.value:
+            continue
+        parsed = parse_gres(directive.value) if flag == "--gres" else _typed_count(directive.value)
+        if parsed is None:
+            if flag != "--gres":
+                problems.append(
+                    (directive, f"'{directive.value}' is not a GPU count this reader understands")
+                )
+            continue
+        kind, count = parsed
+        if flag == "--gpus":
+            node_count = nodes.value if nodes else 1
+            if count % node_count:
+                problems.append(
+                    (
+                        directive,
+                        f"{count} GPUs do not split evenly over {node_count} node(s); Slurm may place them unevenly",
+                    )
+                )
+                continue
+            count //= node_count
+        if flag == "--gpus-per-task":
+            tasks = last.get("--ntasks-per-node")
+            count *= int(tasks.value) if tasks and tasks.value and tasks.value.isdigit() else 1
+        found.append((directive, kind, count))
+    if not found:
+        return None, None
+    first, kind, count = found[0]
+    for other, _, other_count in found[1:]:
+        if other_count != count:
+            problems.append(
+                (
+                    other,
+                    f"asks for {other_count} GPUs per node, but {first.text} (line {first.line}) asks for {count}",
+                )
+            )
+    per_node = Fact(count, first.source(path))
+    return per_node, (Fact(kind, first.source(path)) if kind else None)
+
+
+# --- commands ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Pending:
+    items: list[Word | ArrayAssign] = field(default_factory=list)
+    sep: str = "\n"
+
+
+class _Walker:
+    """Simple commands in order, each with its loop depth and whether it runs in the background."""
+
+    def __init__(self, env: Env) -> None:
+        self.env = env
+        self.loops: list[str] = []
+        self.blocks = 0
+
+    def run(self, tokens: list[Token]) -> tuple[list[Command], list[ArrayAssign]]:
+        pending = _split_commands(tokens)
+        background = False
+        flags: list[bool] = []
+        for item in reversed(pending):
+            if item.sep in ("|", "|&"):
+                flags.append(background)
+            else:
+                background = item.sep == "&"
+                flags.append(background)
+        flags.reverse()
+        commands: list[Command] = []
+        arrays: list[ArrayAssign] = []
+        for item, bg in zip(pending, flags, strict=True):
+            arrays.extend(i for i in item.items if isinstance(i, ArrayAssign))
+            command = self._command(item.items, bg)
+            if command is not None:
+                commands.append(command)
+        return commands, arrays
+
+    def _command(self, items: list[Word | ArrayAssign], background: bool) -> Command | None:
+        while items:
+            word = _literal(items[0])
+            if word in _LOOPS:
+                self.loops.append(word)
+                if word not in ("while", "until"):
+                    return None
+            elif word in ("if", "case"):
+                self.blocks += 1
+            elif word in ("fi", "esac"):
+                self.blocks = max(self.blocks - 1, 0)
+            elif word == "done" and self.loops:
+                self.loops.pop()
+            elif word not in _PREFIX:
+                break
+            items = items[1:]
+        if not items:
+            return None
+        top = not self.loops and self.blocks == 0
+        count = 0
+        while count < len(items) and _is_assignment(items[count]):
+            count += 1
+        if count == len(items) or _literal(items[0]) in ("export", "declare", "readonly", "local"):
+            start = 1 if count < len(items) else 0
+            assigns = [i for i in items[start:] if _is_assignment(i)]
+            apply_assignments(self.env, assigns, conditional=not top)
+        words = [i for i in items[count:] if isinstance(i, Word)]
+        if not words and count < len(items):
+            return None
+        shown = words or [i for i in items if isinstance(i, Word)]
+        if not shown:
+            return None
+        expander = Expander(self.env)
+        texts = [_text_of(expander, w) for w in shown]
+        return Command(
+            tuple(texts),
+            tuple(w.raw for w in shown),
+            shown[0].line,
+            background,
+            any(loop in ("while", "until") for loop in self.loops),
+            top,
+        )
+
+
+def _split_commands(tokens: list[Token]) -> list[_Pending]:
+    out: list[_Pending] = [_Pending()]
+    skip = False
+    for token in tokens:
+        if skip and isinstance(token, Word):
+            skip = False
+            continue
+        skip = False
+        if isinstance(token, Op):
+            if token.text in _SEPARATORS:
+                out[-1].sep = token.text
+                out.append(_Pending())
+            elif token.text in _REDIRECTS:
+                skip = True
+            continue
+        out[-1].items.append(token)
+    return [p for p in out if p.items]
+
+
+def _text_of(expander: Expander, word: Word) -> str:
+    fields = expander.word(word)
+    if len(fields) == 1 and fields[0].problem is None:
+        return fields[0].text
+    if fields and all(f.problem is None for f in fields):
+        return " ".join(f.text for f in fields)
+    return word.raw.replace('"', "").replace("'", "")
+
+
+def _literal(item: Word | ArrayAssign) -> str | None:
+    if isinstance(item, Word) and len(item.parts) == 1 and not item.parts[0].quoted:
+        part = item.parts[0]
+        return part.text if part.kind is PartKind.LIT else None
+    return None
+
+
+def _is_assignment(item: Word | ArrayAssign) -> bool:
+    if isinstance(item, ArrayAssign):
+        return True
+    first = item.parts[0] if item.parts else None
+    if first is None or first.kind is not PartKind.LIT or first.quoted:
+        return False
+    name, eq, _ = first.text.partition("=")
+    return bool(eq) and name.rstrip("+").isidentifier()
+
+
+def seeded_env(values: dict[str, str]) -> Env:
+    """An expansion environment holding the given variables (the ones Slurm sets in the job)."""
+    return {name: Scalar(value) for name, value in values.items()}
+
+
+__all__ = [
+    "Allocation",
+    "Command",
+    "Directive",
+    "JobScript",
+    "parse_gres",
+    "parse_job_script",
+    "read_job_script",
+    "seeded_env",
+]
