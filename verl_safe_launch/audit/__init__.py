@@ -3,18 +3,53 @@
 from __future__ import annotations
 
 from verl_safe_launch.audit.aliases import ALIASES, IGNORED, covered, yaml_deprecations
-from verl_safe_launch.audit.migrate import command_line, plan_migration, render_yaml
+from verl_safe_launch.audit.history import (
+    RELEASES,
+    Move,
+    generate_moves,
+    generated_moves,
+    history,
+    last_release_with,
+    moves_json,
+)
+from verl_safe_launch.audit.migrate import command_line, hydra_literal, plan_migration, render_yaml
 from verl_safe_launch.audit.run import AUDIT_RULES, audit, script_findings
+from verl_safe_launch.audit.table import AuditContext
+from verl_safe_launch.audit.upgrade import (
+    Change,
+    Upgrade,
+    default_changes,
+    detect_release,
+    override_value,
+    plan_upgrade,
+    token_key,
+)
 
 __all__ = [
     "ALIASES",
     "AUDIT_RULES",
     "IGNORED",
+    "RELEASES",
+    "AuditContext",
+    "Change",
+    "Move",
+    "Upgrade",
     "audit",
     "command_line",
     "covered",
+    "default_changes",
+    "detect_release",
+    "generate_moves",
+    "generated_moves",
+    "history",
+    "hydra_literal",
+    "last_release_with",
+    "moves_json",
+    "override_value",
     "plan_migration",
+    "plan_upgrade",
     "render_yaml",
     "script_findings",
+    "token_key",
     "yaml_deprecations",
 ]

@@ -34,7 +34,7 @@ def main(args: Sequence[str], offset: int) -> int:
     output = Path(ns.output)
     if output.exists() and not ns.force:
         raise InputError(f"{output} already exists", where="-o/--output", fix="pass --force to overwrite it")
-    launch = _choose(read_script(ns.script), ns.launch, ns.script)
+    launch = choose_launch(read_script(ns.script), ns.launch, ns.script)
     migration = plan_migration(launch, compose(launch.request(lenient=True)), output)
     write_atomic(output, render_yaml(migration))
     print(command_line(migration))
@@ -43,7 +43,8 @@ def main(args: Sequence[str], offset: int) -> int:
     return EXIT_OK
 
 
-def _choose(launches: tuple[ScriptLaunch, ...], wanted: int | None, script: str) -> ScriptLaunch:
+def choose_launch(launches: tuple[ScriptLaunch, ...], wanted: int | None, script: str) -> ScriptLaunch:
+    """The launch ``--launch N`` names, or the only one; a usage error otherwise."""
     if wanted is None and len(launches) == 1:
         return launches[0]
     choices = ", ".join(f"{launch.index} (line {launch.line})" for launch in launches)
