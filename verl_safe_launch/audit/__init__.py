@@ -11,15 +11,19 @@ from verl_safe_launch.audit.history import (
     history,
     last_release_with,
     moves_json,
+    version,
 )
 from verl_safe_launch.audit.migrate import command_line, hydra_literal, plan_migration, render_yaml
 from verl_safe_launch.audit.run import AUDIT_RULES, audit, script_findings
 from verl_safe_launch.audit.table import AuditContext
 from verl_safe_launch.audit.upgrade import (
+    HAND_MOVES,
     Change,
     Upgrade,
+    current_key,
     default_changes,
     detect_release,
+    moves_after,
     override_value,
     plan_upgrade,
     token_key,
@@ -28,6 +32,7 @@ from verl_safe_launch.audit.upgrade import (
 __all__ = [
     "ALIASES",
     "AUDIT_RULES",
+    "HAND_MOVES",
     "IGNORED",
     "RELEASES",
     "AuditContext",
@@ -37,6 +42,7 @@ __all__ = [
     "audit",
     "command_line",
     "covered",
+    "current_key",
     "default_changes",
     "detect_release",
     "generate_moves",
@@ -44,6 +50,7 @@ __all__ = [
     "history",
     "hydra_literal",
     "last_release_with",
+    "moves_after",
     "moves_json",
     "override_value",
     "plan_migration",
@@ -51,5 +58,6 @@ __all__ = [
     "render_yaml",
     "script_findings",
     "token_key",
+    "version",
     "yaml_deprecations",
 ]

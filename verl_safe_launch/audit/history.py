@@ -46,6 +46,12 @@ def series_of(tag: str) -> str:
     return ".".join(tag.lstrip("v").split(".")[:2])
 
 
+def version(release: str) -> tuple[int, ...]:
+    """A release as a comparable tuple; a series (``0.7``) stands for the tag that represents it (0.7.1)."""
+    text = RELEASES.get(release, release).lstrip("v")
+    return tuple(int(part) for part in text.split("."))
+
+
 def generate_moves() -> list[Move]:
     """Key moves between consecutive tags: a removed key whose dotted suffix reappears under a new prefix.
 
@@ -63,7 +69,16 @@ def generate_moves() -> list[Move]:
             move = _best(key, candidates[key], support, before, after, new_tag)
             if move is not None:
                 moves.append(move)
-    return moves
+    return [m for m in moves if _lands(m, moves)]
+
+
+def _lands(move: Move, moves: list[Move]) -> bool:
+    """True when following the later moves from ``move`` ends at a key of the newest release we know."""
+    key = move.new
+    for later in moves:
+        if version(later.release) > version(move.release) and later.old == key:
+            key = later.new
+    return key in history(TAGS[-1])
 
 
 def _candidates(key: str, added: list[str]) -> list[tuple[str, str, str, int]]:
@@ -98,12 +113,12 @@ def _best(
     if len(ties) > 1 or (matched == 1 and before[key] != after[target]):
         return None
     evidence = f"'{prefix or '(top level)'}' moved to '{new_prefix}' ({support[(prefix, new_prefix)]} keys)"
-    return Move(key, target, series_of(tag), evidence)
+    return Move(key, target, tag.lstrip("v"), evidence)
 
 
 def last_release_with(key: str) -> str | None:
-    """The newest release series whose trainer config has ``key`` (None: no release in the history had it)."""
-    found = [series_of(tag) for tag in TAGS if key in history(tag)]
+    """The newest release whose trainer config has ``key`` (None: no release in the history had it)."""
+    found = [tag.lstrip("v") for tag in TAGS if key in history(tag)]
     return found[-1] if found else None
 
 

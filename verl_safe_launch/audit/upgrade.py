@@ -14,7 +14,7 @@ from verl_safe_launch.audit.history import (
     Move,
     generated_moves,
     history,
-    series_of,
+    version,
 )
 from verl_safe_launch.audit.migrate import hydra_literal
 from verl_safe_launch.config_view import ARR, format_value
@@ -27,14 +27,14 @@ _REWARD = "reward settings moved under reward.* in 0.7.1, and 0.9 no longer read
 
 # Moves the history cannot derive (the leaf changed, or the old key lingered as an ignored legacy key).
 HAND_MOVES: tuple[Move, ...] = (
-    Move("trainer.profile_steps", "global_profiler.steps", "0.6", _PROFILER),
-    Move("ray_init.num_cpus", "ray_kwargs.ray_init.num_cpus", "0.6", _RAY),
-    Move("ray_init.timeline_json_file", "ray_kwargs.timeline_json_file", "0.6", _RAY),
-    Move("reward_model.enable", "reward.reward_model.enable", "0.9", _REWARD),
-    Move("reward_model.model.path", "reward.reward_model.model_path", "0.9", _REWARD),
-    Move("reward_model.reward_manager", "reward.reward_manager.name", "0.9", _REWARD),
-    Move("custom_reward_function.path", "reward.custom_reward_function.path", "0.9", _REWARD),
-    Move("custom_reward_function.name", "reward.custom_reward_function.name", "0.9", _REWARD),
+    Move("trainer.profile_steps", "global_profiler.steps", "0.6.0", _PROFILER),
+    Move("ray_init.num_cpus", "ray_kwargs.ray_init.num_cpus", "0.6.0", _RAY),
+    Move("ray_init.timeline_json_file", "ray_kwargs.timeline_json_file", "0.6.0", _RAY),
+    Move("reward_model.enable", "reward.reward_model.enable", "0.9.0", _REWARD),
+    Move("reward_model.model.path", "reward.reward_model.model_path", "0.9.0", _REWARD),
+    Move("reward_model.reward_manager", "reward.reward_manager.name", "0.9.0", _REWARD),
+    Move("custom_reward_function.path", "reward.custom_reward_function.path", "0.9.0", _REWARD),
+    Move("custom_reward_function.name", "reward.custom_reward_function.name", "0.9.0", _REWARD),
 )
 
 
@@ -52,13 +52,13 @@ class Removed:
 REMOVED: tuple[Removed, ...] = (
     Removed(
         "trainer.use_legacy_worker_impl",
-        "0.8",
+        "0.8.0",
         "every role runs on the engine workers ('deprecate workers, migrate to engines'); no key chooses the "
         "legacy workers any more",
     ),
     Removed(
         f"{ARR}.rollout.mode",
-        "0.7",
+        "0.7.0",
         "the synchronous rollout is gone; every rollout is served asynchronously (the default, async)",
         value="sync",
     ),
@@ -69,7 +69,7 @@ PER_GPU: tuple[tuple[str, str], ...] = tuple(
     (a.old, a.new) for a in ALIASES if a.new.endswith("_per_gpu") and a.old + "_per_gpu" == a.new
 )
 GPUS_KEYS = ("trainer.n_gpus_per_node", "trainer.nnodes")
-MANDATORY_SINCE = {f"{ARR}.rollout.name": "0.6"}
+MANDATORY_SINCE = {f"{ARR}.rollout.name": "0.6.0"}
 
 
 @dataclass(frozen=True)
@@ -141,11 +141,11 @@ def plan_upgrade(
 def moves_after(source: str) -> list[Move]:
     """Every move that took effect after ``source``, oldest first (chains follow one another)."""
     newer = [m for m in (*generated_moves(), *HAND_MOVES) if _newer(m.release, source)]
-    return sorted(newer, key=lambda m: tuple(map(int, m.release.split("."))))
+    return sorted(newer, key=lambda m: version(m.release))
 
 
 def _newer(release: str, source: str) -> bool:
-    return tuple(map(int, release.split("."))) > tuple(map(int, source.split(".")))
+    return version(release) > version(source)
 
 
 TokenResult = tuple[OverrideToken | None, list[Change]]
@@ -164,6 +164,8 @@ def _upgrade_token(
         if new == move.old:
             steps.append(f"verl {move.release}: {move.evidence}")
             new = move.new
+    if new not in installed and key in installed:
+        steps, new = [], key  # moved away and back again (e.g. the profiler options between 0.4 and 0.6)
     for rule in _REMOVALS:
         result = rule(token, new, value, source, line)
         if result is not None:
@@ -210,7 +212,7 @@ def _vanished(
     """A key of the source release that a later release dropped without a successor we can name."""
     if key not in history(RELEASES[source]) or key in history(TAGS[-1]) or token.text.startswith("+"):
         return None
-    later = [series_of(t) for t in TAGS if key not in history(t) and _newer(series_of(t), source)]
+    later = [t.lstrip("v") for t in TAGS if key not in history(t) and _newer(t, source)]
     gone = later[0] if later else INSTALLED_SERIES
     why = (
         f"removed in verl {gone}; no key of later releases carries the same name and default, so it is not "
@@ -321,7 +323,7 @@ def default_changes(
     olds = dict(history(RELEASES[source]))
     olds.update({k: v for k, since, v, _ in NEW_DEFAULTS if _newer(since, source) and k not in olds})
     for key, old in olds.items():
-        current = current_key(key, moves)
+        current = current_key(key, moves, installed)
         if current in set_keys or current not in installed or not used(current) or _legacy(current):
             continue
         new = installed[current]
@@ -337,12 +339,16 @@ def default_changes(
     return changes
 
 
-def current_key(key: str, moves: Sequence[Move]) -> str:
-    """Where an old key lives now: every later move followed, then a deprecated spelling replaced."""
+def current_key(key: str, moves: Sequence[Move], installed: Mapping[str, object] | None = None) -> str:
+    """Where an old key lives now: every later move followed (unless the chain leaves the installed verl's keys
+    while the key itself is still there), then a deprecated spelling replaced."""
+    moved = key
     for move in moves:
-        if key == move.old:
-            key = move.new
-    return next((a.new for a in ALIASES if a.old == key and a.fix == "{new}={value}"), key)
+        if moved == move.old:
+            moved = move.new
+    if installed is not None and moved not in installed and key in installed:
+        moved = key
+    return next((a.new for a in ALIASES if a.old == moved and a.fix == "{new}={value}"), moved)
 
 
 def _legacy(key: str) -> bool:
