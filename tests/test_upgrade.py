@@ -23,8 +23,7 @@ from verl_safe_launch.compose import compose
 from verl_safe_launch.inputs import ComposeRequest, cli_tokens
 from verl_safe_launch.preflight import run_preflight
 
-DATA = Path(__file__).parent / "data" / "upgrade"
-SCRIPT = DATA / "grpo_v05.sh"
+SCRIPT = Path(__file__).parent.parent / "launch_examples" / "grpo_v05.sh"
 TAGS = ("v0.4.1", "v0.5.0", "v0.6.0", "v0.6.1", "v0.7.0", "v0.7.1", "v0.8.0", "v0.9.0")
 
 
