@@ -81,10 +81,7 @@ def test_a_05_script_upgrades_to_a_config_the_installed_verl_composes(
     assert "global micro batch 16 / 8 GPUs = 2 per GPU" in out
     assert "keep the old behaviour: actor_rollout_ref.rollout.max_num_seqs=1024" in out
     assert "keep the old behaviour: trainer.use_v1=false" in out
-    assert (
-        "num_cpus: 64  # grpo_v05.sh:22 (upgraded from ray_init.num_cpus"
-        in yaml_file.read_text()
-    )
+    assert "num_cpus: 64  # grpo_v05.sh:22 (upgraded from ray_init.num_cpus" in yaml_file.read_text()
     findings = run_preflight(compose(ComposeRequest(config_files=(yaml_file,), lenient=True))).findings
     assert [f for f in findings if f.rule_id in ("unknown-key", "deprecated-alias")] == []
 
