@@ -174,7 +174,9 @@ def _emit(tree: dict[str, object], depth: int, name: str, lines: list[str]) -> N
 
 
 def _cite(entry: Entry, name: str) -> str:
-    text = f"{name}:{entry.source.line}"
+    text = f"{name}:{entry.source.line}" if entry.source.line is not None else name
+    if entry.source.reason:
+        text += f" ({entry.source.reason})"
     if entry.replaced:
         earlier = ", ".join(f"line {w.source.line}: {yaml_scalar(w.value)}" for w in entry.replaced)
         text += f" (replaces {earlier})"

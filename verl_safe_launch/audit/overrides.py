@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import difflib
 import itertools
+import shlex
 
 from verl_safe_launch.audit.aliases import covered
+from verl_safe_launch.audit.history import last_release_with
 from verl_safe_launch.audit.table import AuditContext, audit_rule, finding, position, short
+from verl_safe_launch.audit.upgrade import current_key, moves_after
 from verl_safe_launch.compose import Rejected, config_groups
 from verl_safe_launch.config_view import format_value
 from verl_safe_launch.findings import Finding, Rule, Severity
-from verl_safe_launch.inputs import names_read_with_get
+from verl_safe_launch.inputs import OverrideToken, names_read_with_get
 from verl_safe_launch.provenance import LAYER_TITLES, Layer, Source, Write
 
 _USER_LAYERS = (Layer.FILE, Layer.SCRIPT, Layer.CLI)
@@ -150,7 +153,29 @@ def _rejected(ctx: AuditContext, rejected: Rejected) -> Finding:
         )
         return finding("unknown-key", Severity.ERROR, (key,), message, f"+{token.text}", [write])
     message = f"unknown key {key}: verl 0.9.1's config has no such key, so Hydra refuses '{token.text}'"
+    older = _older_release(key, value, token)
+    if older is not None:
+        return finding("unknown-key", Severity.ERROR, (key,), message + older[0], older[1], [write])
     return finding("unknown-key", Severity.ERROR, (key,), message, _suggest(ctx, key, value), [write])
+
+
+def _older_release(key: str, value: str, token: OverrideToken) -> tuple[str, str] | None:
+    """For a key of an older verl release: where the message says it comes from, and the upgrade as the fix."""
+    release = last_release_with(key)
+    if release is None:
+        return None
+    moved = current_key(key, moves_after(release))
+    command = "verl-safe-launch upgrade " + (shlex.quote(token.source.file) if token.source.file else "FILE")
+    where = f" (it is a key of verl {release}, the last release that had it)"
+    if moved != key:
+        return (
+            where,
+            f"{moved}={value} (moved after verl {release}); or upgrade the whole launch: {command} -o DIR",
+        )
+    return (
+        where,
+        f"remove it (verl dropped it after {release}); or upgrade the whole launch: {command} -o DIR",
+    )
 
 
 def _suggest(ctx: AuditContext, key: str, value: str) -> str:

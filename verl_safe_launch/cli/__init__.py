@@ -20,6 +20,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "migrate": ("_migrate", "turn a raw script into a YAML file + a verl-safe-launch command"),
     "slurm": ("_slurm", "write (and optionally submit) a Slurm job"),
     "presets": ("_presets", "list the presets, or show one with its values"),
+    "upgrade": ("_upgrade", "rewrite a launch written for an older verl release for the installed one"),
 }
 DEFAULT_VERB = "run"
 

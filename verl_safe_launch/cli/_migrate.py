@@ -51,7 +51,7 @@ def main(args: Sequence[str], offset: int) -> int:
     job = read_job_script(ns.script)
     if job.is_job:
         launches = read_script(ns.script, env=seeded_env(job.allocation.slurm_env()))
-    launch = _choose(launches, ns.launch, ns.script)
+    launch = choose_launch(launches, ns.launch, ns.script)
     composed = compose(launch.request(lenient=True))
     migration = plan_migration(launch, composed, output)
     if job.is_job:
@@ -103,7 +103,8 @@ def _as_job(migration: Migration, job: JobScript, view: ConfigView, output: Path
     )
 
 
-def _choose(launches: tuple[ScriptLaunch, ...], wanted: int | None, script: str) -> ScriptLaunch:
+def choose_launch(launches: tuple[ScriptLaunch, ...], wanted: int | None, script: str) -> ScriptLaunch:
+    """The launch ``--launch N`` names, or the only one; a usage error otherwise."""
     if wanted is None and len(launches) == 1:
         return launches[0]
     choices = ", ".join(f"{launch.index} (line {launch.line})" for launch in launches)

@@ -1,0 +1,381 @@
+"""Upgrade a launch written for an older verl release: moved keys mapped, semantic changes applied, the rest reported."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from verl_safe_launch.audit.aliases import ALIASES
+from verl_safe_launch.audit.history import (
+    INSTALLED_SERIES,
+    RELEASES,
+    TAGS,
+    Move,
+    generated_moves,
+    history,
+    version,
+)
+from verl_safe_launch.audit.migrate import hydra_literal
+from verl_safe_launch.config_view import ARR, format_value
+from verl_safe_launch.errors import UsageError
+from verl_safe_launch.inputs import OverrideToken
+
+_PROFILER = "profiling options were gathered in the global_profiler section"
+_RAY = "Ray's init options moved under ray_kwargs"
+_REWARD = "reward settings moved under reward.* in 0.7.1, and 0.9 no longer reads the top-level keys"
+
+# Moves the history cannot derive (the leaf changed, or the old key lingered as an ignored legacy key).
+HAND_MOVES: tuple[Move, ...] = (
+    Move("trainer.profile_steps", "global_profiler.steps", "0.6.0", _PROFILER),
+    Move("ray_init.num_cpus", "ray_kwargs.ray_init.num_cpus", "0.6.0", _RAY),
+    Move("ray_init.timeline_json_file", "ray_kwargs.timeline_json_file", "0.6.0", _RAY),
+    Move("reward_model.enable", "reward.reward_model.enable", "0.9.0", _REWARD),
+    Move("reward_model.model.path", "reward.reward_model.model_path", "0.9.0", _REWARD),
+    Move("reward_model.reward_manager", "reward.reward_manager.name", "0.9.0", _REWARD),
+    Move("custom_reward_function.path", "reward.custom_reward_function.path", "0.9.0", _REWARD),
+    Move("custom_reward_function.name", "reward.custom_reward_function.name", "0.9.0", _REWARD),
+)
+
+
+@dataclass(frozen=True)
+class Removed:
+    """A key (or one value of a key) a release dropped, and what replaces it or why nothing does."""
+
+    key: str
+    release: str
+    why: str
+    value: object = None
+    """Only this value was removed (``None``: the key itself)."""
+
+
+REMOVED: tuple[Removed, ...] = (
+    Removed(
+        "trainer.use_legacy_worker_impl",
+        "0.8.0",
+        "every role runs on the engine workers ('deprecate workers, migrate to engines'); no key chooses the "
+        "legacy workers any more",
+    ),
+    Removed(
+        f"{ARR}.rollout.mode",
+        "0.7.0",
+        "the synchronous rollout is gone; every rollout is served asynchronously (the default, async)",
+        value="sync",
+    ),
+)
+
+# Deprecated global micro batch sizes → per-GPU sizes (the global size divided by the trainer's GPUs).
+PER_GPU: tuple[tuple[str, str], ...] = tuple(
+    (a.old, a.new) for a in ALIASES if a.new.endswith("_per_gpu") and a.old + "_per_gpu" == a.new
+)
+GPUS_KEYS = ("trainer.n_gpus_per_node", "trainer.nnodes")
+MANDATORY_SINCE = {f"{ARR}.rollout.name": "0.6.0"}
+
+
+@dataclass(frozen=True)
+class Change:
+    """One thing the upgrade did or reports: kind, the key as written, its new key, line and why."""
+
+    kind: str  # moved | converted | removed | added | default | refused | unknown
+    key: str
+    detail: str
+    line: int | None = None
+    new_key: str | None = None
+    fix: str | None = None
+
+
+@dataclass(frozen=True)
+class Upgrade:
+    """The upgraded override tokens (provenance: original file:line plus the rule) and every change."""
+
+    source: str
+    detected: str
+    tokens: tuple[OverrideToken, ...]
+    changes: tuple[Change, ...]
+
+
+def detect_release(keys: Sequence[str], installed: Mapping[str, object]) -> tuple[str, str]:
+    """The release series a launch's keys fit best (ties: the newest), and how that was decided."""
+    plain = sorted({k for k in keys if k})
+    if not plain:
+        return INSTALLED_SERIES, "no keys set: nothing to upgrade"
+    if all(k in installed for k in plain):
+        return INSTALLED_SERIES, f"all {len(plain)} keys are known to the installed verl"
+    scores = {series: sum(k in history(tag) for k in plain) for series, tag in RELEASES.items()}
+    best = max(scores.values())
+    series = max((s for s, n in scores.items() if n == best), key=lambda s: tuple(map(int, s.split("."))))
+    return series, f"{best} of {len(plain)} keys are known to verl {series} (--from auto)"
+
+
+def token_key(text: str) -> tuple[str, str, str | None]:
+    """(prefix of + / ++ / ~, key, value text or None) of one override."""
+    stripped = text.lstrip("+~")
+    prefix = text[: len(text) - len(stripped)]
+    key, sep, value = stripped.partition("=")
+    return prefix, key.strip(), value if sep else None
+
+
+def plan_upgrade(
+    tokens: Sequence[OverrideToken], source: str, detected: str, installed: Mapping[str, object]
+) -> Upgrade:
+    """Map, convert and drop the tokens of a launch written for ``source`` so that the installed verl runs it."""
+    if source not in RELEASES:
+        raise UsageError(
+            f"unknown release '{source}'", where="--from", fix="use one of: auto, " + ", ".join(RELEASES)
+        )
+    moves = moves_after(source)
+    out: list[OverrideToken] = []
+    changes: list[Change] = []
+    gpus = _gpus(tokens, source, moves)
+    for token in tokens:
+        result = _upgrade_token(token, source, moves, installed, gpus)
+        changes.extend(result[1])
+        if result[0] is not None:
+            out.append(result[0])
+    added, notes = _mandatory(out, source, installed)
+    out += added
+    changes += notes
+    return Upgrade(source, detected, tuple(out), tuple(changes))
+
+
+def moves_after(source: str) -> list[Move]:
+    """Every move that took effect after ``source``, oldest first (chains follow one another)."""
+    newer = [m for m in (*generated_moves(), *HAND_MOVES) if _newer(m.release, source)]
+    return sorted(newer, key=lambda m: version(m.release))
+
+
+def _newer(release: str, source: str) -> bool:
+    return version(release) > version(source)
+
+
+TokenResult = tuple[OverrideToken | None, list[Change]]
+
+
+def _upgrade_token(
+    token: OverrideToken, source: str, moves: list[Move], installed: Mapping[str, object], gpus: int | None
+) -> TokenResult:
+    prefix, key, value = token_key(token.text)
+    line = token.source.line
+    if not key or "=" in key or key.startswith(("preset", "hardware.")) or "/" in key:
+        return token, []
+    steps: list[str] = []
+    new = key
+    for move in moves:
+        if new == move.old:
+            steps.append(f"verl {move.release}: {move.evidence}")
+            new = move.new
+    if new not in installed and key in installed:
+        steps, new = [], key  # moved away and back again (e.g. the profiler options between 0.4 and 0.6)
+    for rule in _REMOVALS:
+        result = rule(token, new, value, source, line)
+        if result is not None:
+            return result
+    for old, per_gpu in PER_GPU:
+        if new == old and value is not None:
+            return _per_gpu(token, prefix, old, per_gpu, value, gpus, line)
+    alias = next((a for a in ALIASES if a.old == new and a.fix == "{new}={value}"), None)
+    if alias is not None:
+        steps.append(f"deprecated in verl 0.9.1: {alias.why}")
+        new = alias.new
+    if new == key:
+        return token, []
+    if prefix == "+" and new in installed:
+        prefix = ""
+    rule_text = "; ".join(steps)
+    text = f"{prefix}{new}" + (f"={value}" if value is not None else "")
+    moved = _retoken(token, text, f"upgraded from {key}: {rule_text}")
+    return moved, [Change("moved", key, rule_text, line, new)]
+
+
+def _retoken(token: OverrideToken, text: str, reason: str) -> OverrideToken:
+    return OverrideToken(text, replace(token.source, reason=reason))
+
+
+def _removed(
+    token: OverrideToken, key: str, value: str | None, source: str, line: int | None
+) -> TokenResult | None:
+    for entry in REMOVED:
+        if entry.key != key or not _newer(entry.release, source):
+            continue
+        if entry.value is not None and (value or "").strip("'\"") != entry.value:
+            continue
+        shown = token.text.lstrip("+~")
+        return None, [
+            Change("removed", key, f"dropped {shown}: removed in verl {entry.release}; {entry.why}", line)
+        ]
+    return None
+
+
+def _vanished(
+    token: OverrideToken, key: str, value: str | None, source: str, line: int | None
+) -> TokenResult | None:
+    """A key of the source release that a later release dropped without a successor we can name."""
+    if key not in history(RELEASES[source]) or key in history(TAGS[-1]) or token.text.startswith("+"):
+        return None
+    later = [t.lstrip("v") for t in TAGS if key not in history(t) and _newer(t, source)]
+    gone = later[0] if later else INSTALLED_SERIES
+    why = (
+        f"removed in verl {gone}; no key of later releases carries the same name and default, so it is not "
+        "guessed: check verl's release notes for its replacement"
+    )
+    return None, [Change("removed", key, f"dropped {token.text.lstrip('+~')}: {why}", line)]
+
+
+_REMOVALS: tuple[Callable[[OverrideToken, str, str | None, str, int | None], TokenResult | None], ...] = (
+    _removed,
+    _vanished,
+)
+
+
+def _per_gpu(
+    token: OverrideToken, prefix: str, old: str, new: str, value: str, gpus: int | None, line: int | None
+) -> TokenResult:
+    number = _int(value)
+    if number is None or gpus is None:
+        why = (
+            "its value is not a plain integer"
+            if number is None
+            else "the trainer's GPU count is not a plain integer"
+        )
+        detail = (
+            f"{old}={value} is a global micro batch size, and {why}: set {new} yourself (global size / GPUs)"
+        )
+        return token, [Change("refused", old, detail, line, new)]
+    if number % gpus:
+        detail = (
+            f"{old}={number} is a global micro batch size that does not split over {gpus} GPUs "
+            f"({number} / {gpus} is not whole): choose {new} yourself"
+        )
+        return token, [Change("refused", old, detail, line, new)]
+    per = number // gpus
+    detail = f"global micro batch {number} / {gpus} GPUs = {per} per GPU (global sizes are deprecated in verl 0.9.1)"
+    text = f"{prefix.replace('+', '')}{new}={per}"
+    return _retoken(token, text, f"upgraded from {old}={number}: {detail}"), [
+        Change("converted", old, detail, line, new)
+    ]
+
+
+def _int(value: str) -> int | None:
+    try:
+        return int(value.strip().strip("'\""))
+    except ValueError:
+        return None
+
+
+def _gpus(tokens: Sequence[OverrideToken], source: str, moves: list[Move]) -> int | None:
+    """The trainer's GPUs (per node × nodes) as the script sets them, else the source release's defaults."""
+    values = {k: history(RELEASES[source]).get(k) for k in GPUS_KEYS}
+    for token in tokens:
+        _, key, value = token_key(token.text)
+        if key in values and value is not None:
+            values[key] = _int(value)
+    per_node, nodes = values["trainer.n_gpus_per_node"], values["trainer.nnodes"]
+    if isinstance(per_node, int) and isinstance(nodes, int) and per_node > 0 and nodes > 0:
+        return per_node * nodes
+    return None
+
+
+def _mandatory(
+    tokens: list[OverrideToken], source: str, installed: Mapping[str, object]
+) -> tuple[list[OverrideToken], list[Change]]:
+    """Keys that became mandatory after ``source``: the old default is set explicitly."""
+    set_keys = {token_key(t.text)[1] for t in tokens}
+    added: list[OverrideToken] = []
+    changes: list[Change] = []
+    for key, since in MANDATORY_SINCE.items():
+        old = history(RELEASES[source]).get(key)
+        if key in set_keys or not _newer(since, source) or old in (None, "???"):
+            continue
+        why = (
+            f"mandatory since verl {since}; the launch relied on verl {source}'s default {format_value(old)}"
+        )
+        text = f"{key}={override_value(old)}"
+        base = tokens[-1].source if tokens else None
+        source_of = replace(base, line=None, raw=None, reason=f"added by upgrade: {why}") if base else None
+        if source_of is not None:
+            added.append(OverrideToken(text, source_of))
+            changes.append(Change("added", key, f"set {text}: {why}", None, key))
+    return added, changes
+
+
+# Behaviour that changed with no key to compare in the older release: (key, release, old value, why).
+NEW_DEFAULTS: tuple[tuple[str, str, object, str], ...] = (
+    (
+        "trainer.use_v1",
+        "0.9",
+        False,
+        "verl 0.9 runs the V1 trainer by default; the launch ran the legacy trainer",
+    ),
+)
+
+
+def default_changes(
+    tokens: Sequence[OverrideToken],
+    source: str,
+    installed: Mapping[str, object],
+    used: Callable[[str], bool] = lambda key: True,
+) -> list[Change]:
+    """Defaults that changed since ``source`` for keys the launch leaves unset and the run uses: reported,
+    each with the override that keeps the old behaviour (old keys followed to their current name)."""
+    set_keys = {token_key(t.text)[1] for t in tokens}
+    moves = moves_after(source)
+    changes: list[Change] = []
+    olds = dict(history(RELEASES[source]))
+    olds.update({k: v for k, since, v, _ in NEW_DEFAULTS if _newer(since, source) and k not in olds})
+    for key, old in olds.items():
+        current = current_key(key, moves, installed)
+        if current in set_keys or current not in installed or not used(current) or _legacy(current):
+            continue
+        new = installed[current]
+        if (
+            _same(old, new)
+            or key.endswith("._target_")
+            or any(r.key == key and r.value == old for r in REMOVED)
+        ):
+            continue
+        why = next((w for k, _, _, w in NEW_DEFAULTS if k == key), "the run behaves differently")
+        detail = f"default {format_value(old)} in verl {source}, {format_value(new)} now: {why}"
+        changes.append(Change("default", current, detail, None, current, f"{current}={override_value(old)}"))
+    return changes
+
+
+def current_key(key: str, moves: Sequence[Move], installed: Mapping[str, object] | None = None) -> str:
+    """Where an old key lives now: every later move followed (unless the chain leaves the installed verl's keys
+    while the key itself is still there), then a deprecated spelling replaced."""
+    moved = key
+    for move in moves:
+        if moved == move.old:
+            moved = move.new
+    if installed is not None and moved not in installed and key in installed:
+        moved = key
+    return next((a.new for a in ALIASES if a.old == moved and a.fix == "{new}={value}"), moved)
+
+
+def _legacy(key: str) -> bool:
+    """Top-level legacy sections that the installed verl accepts and ignores."""
+    return key.split(".", 1)[0] in ("reward_model", "custom_reward_function", "sandbox_fusion")
+
+
+def _same(old: object, new: object) -> bool:
+    """True when there is no behaviour change to report (equal, interpolated, mandatory, or a whole node)."""
+    return (
+        old == new
+        or _interpolated(old)
+        or _interpolated(new)
+        or "???" in (old, new)
+        or isinstance(old, dict | list)
+    )
+
+
+def override_value(value: object) -> str:
+    """A value as an override writes it: bare when Hydra reads it back as the same string, else quoted."""
+    if isinstance(value, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_./-]*", value) and value not in _WORDS:
+        return value
+    return hydra_literal(value)
+
+
+_WORDS = frozenset({"true", "false", "null", "True", "False", "None", "nan", "inf"})
+
+
+def _interpolated(value: object) -> bool:
+    return isinstance(value, str) and "${" in value
