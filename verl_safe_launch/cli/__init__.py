@@ -20,6 +20,8 @@ VERBS: dict[str, tuple[str, str]] = {
     "migrate": ("_migrate", "turn a raw script into a YAML file + a verl-safe-launch command"),
     "slurm": ("_slurm", "write (and optionally submit) a Slurm job"),
     "presets": ("_presets", "list the presets, or show one with its values"),
+    "submit": ("_submit", "pre-flight, then submit the run to an existing Ray cluster's job API"),
+    "kuberay": ("_kuberay", "write a KubeRay RayJob that runs the pre-flighted launch on Kubernetes"),
 }
 DEFAULT_VERB = "run"
 
