@@ -17,6 +17,7 @@ from verl_safe_launch.compose import Composed
 from verl_safe_launch.errors import EXIT_OK, EXIT_PREFLIGHT
 from verl_safe_launch.findings import has_errors
 from verl_safe_launch.launch import (
+    JOB_CONFIG,
     JOB_FILE,
     JobTarget,
     client,
@@ -29,6 +30,7 @@ from verl_safe_launch.launch import (
     node_findings,
     node_need,
     rundir,
+    slurm,
     wait,
 )
 from verl_safe_launch.preflight import Preflight, run_preflight
@@ -95,20 +97,14 @@ def _submit(
 ) -> int:
     forced = ["pre-flight errors"] if not pre.ok else []
     cfg = _resolved(composed)
-    address = cfg.ray_kwargs.ray_init.get("address")
-    if address:  # the job's driver attaches to its own cluster (Ray sets RAY_ADDRESS for it)
-        cfg.ray_kwargs.ray_init.address = None
     run_dir = _run_dir(ns, forced)
     _write_run_dir(run_dir, cfg, composed, pre, args, list(ns.overrides), forced)
+    values = {k: v for k, v in slurm.user_layer(composed.view).items() if k != "ray_kwargs.ray_init.address"}
+    rundir.atomic_write(run_dir / JOB_CONFIG, slurm.render_user_yaml(values))
+    command = entrypoint(JOB_CONFIG, slurm.argv_overrides(composed))
     env_vars = {k: v for k, v in sorted(os.environ.items()) if k.startswith(PINNED_PREFIXES)}
-    runtime = job_runtime_env(run_dir, env_vars)
-    job_id = str(job_client.submit_job(entrypoint=entrypoint(rundir.CONFIG_FILE), runtime_env=runtime))
-    record = {
-        "address": target.address,
-        "job_id": job_id,
-        "entrypoint": entrypoint(rundir.CONFIG_FILE),
-        "env_vars": env_vars,
-    }
+    job_id = str(job_client.submit_job(entrypoint=command, runtime_env=job_runtime_env(run_dir, env_vars)))
+    record = {"address": target.address, "job_id": job_id, "entrypoint": command, "env_vars": env_vars}
     rundir.atomic_write(run_dir / JOB_FILE, json.dumps(record, indent=2) + "\n")
     print(f"run directory: {run_dir}")
     print(f"submitted job {job_id} to {target.address}")

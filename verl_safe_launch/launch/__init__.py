@@ -13,6 +13,7 @@ from verl_safe_launch.launch.hooks import (
     wrap_stage,
 )
 from verl_safe_launch.launch.jobs import (
+    JOB_CONFIG,
     JOB_FILE,
     JobTarget,
     client,
@@ -80,6 +81,7 @@ from verl_safe_launch.launch.verl_handoff import (
 )
 
 __all__ = [
+    "JOB_CONFIG",
     "JOB_FILE",
     "NO_CUDA_NOTE",
     "NO_FIT",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import shlex
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -15,6 +15,7 @@ from verl_safe_launch.launch.nodes import NodeInfo, nodes_from_state
 
 CONNECT_TIMEOUT_S = 15.0
 JOB_FILE = "job.json"
+JOB_CONFIG = "job.yaml"
 T = TypeVar("T")
 
 
@@ -94,10 +95,11 @@ def cluster_nodes(target: JobTarget) -> list[NodeInfo]:
     return nodes_from_state(with_deadline(read, CONNECT_TIMEOUT_S, target, "list the cluster's nodes"))
 
 
-def entrypoint(config_name: str) -> str:
-    """The job's driver: the pre-flighted config run by ``verl-safe-launch run --attach`` on the cluster."""
+def entrypoint(config_name: str, overrides: Sequence[str] = ()) -> str:
+    """The job's driver: ``verl-safe-launch run --attach`` on the values the pre-flight judged (every value set
+    above verl's defaults) plus the tokens a YAML cannot hold (config-group choices, deletions)."""
     words = ["python", "-m", "verl_safe_launch", "run", "--attach", "-c", config_name, "--run-dir", "run"]
-    return shlex.join(words)
+    return shlex.join([*words, *overrides])
 
 
 def job_runtime_env(run_dir: Path, env_vars: Mapping[str, str]) -> dict[str, Any]:
