@@ -21,6 +21,8 @@ VERBS: dict[str, tuple[str, str]] = {
     "slurm": ("_slurm", "write (and optionally submit) a Slurm job"),
     "presets": ("_presets", "list the presets, or show one with its values"),
     "upgrade": ("_upgrade", "rewrite a launch written for an older verl release for the installed one"),
+    "submit": ("_submit", "pre-flight, then submit the run to an existing Ray cluster's job API"),
+    "kuberay": ("_kuberay", "write a KubeRay RayJob that runs the pre-flighted launch on Kubernetes"),
 }
 DEFAULT_VERB = "run"
 

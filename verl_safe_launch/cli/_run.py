@@ -14,7 +14,7 @@ from typing import Any
 
 from verl_safe_launch.cli._common import add_compose_args, compose_from_args, make_parser, parse, print_json
 from verl_safe_launch.compose import Composed
-from verl_safe_launch.errors import EXIT_LAUNCH, EXIT_OK, EXIT_PREFLIGHT, VslError
+from verl_safe_launch.errors import EXIT_LAUNCH, EXIT_OK, EXIT_PREFLIGHT, UsageError, VslError
 from verl_safe_launch.findings import Finding
 from verl_safe_launch.launch import LaunchBlocked, LaunchPlan, plan_launch, render_plan, rundir
 from verl_safe_launch.preflight import Preflight, run_preflight
@@ -66,6 +66,11 @@ def main(args: Sequence[str], offset: int) -> int:
     parser.add_argument(
         "--dry-run", action="store_true", help="stop after the run directory and verl's validation"
     )
+    parser.add_argument(
+        "--attach",
+        action="store_true",
+        help="run on the Ray cluster this process belongs to (RAY_ADDRESS, as in a Ray job); never start one",
+    )
     add_compose_args(parser)
     ns = parse(parser, args)
     out = Outcome(ns.format == "json")
@@ -88,15 +93,21 @@ def _run(ns: argparse.Namespace, args: Sequence[str], offset: int, out: Outcome)
             out.say("Nothing was started: fix the errors above, or pass --force to launch anyway.")
             return out.finish("preflight-failed", EXIT_PREFLIGHT)
         forced.append("pre-flight errors")
-    cfg = _resolved(composed)
-    run_dir = _run_dir(ns, forced)
-    _write_run_dir(run_dir, cfg, composed, pre, args, list(ns.overrides), forced)
+    cfg = resolved_config(composed)
+    run_dir = choose_run_dir(ns, forced)
+    write_run_dir(run_dir, cfg, composed, pre, args, list(ns.overrides), forced)
     out.data["run_dir"] = str(run_dir)
     out.say(f"run directory: {run_dir}")
     _validate(cfg, run_dir)
     out.say("verl's validate_config: passed")
     plan = plan_launch(cfg, composed.view, run_dir, os.environ)
     out.data["plan"] = plan.to_json()
+    if ns.attach and plan.address is None:
+        raise UsageError(
+            "--attach: there is no Ray cluster to attach to",
+            where="RAY_ADDRESS / ray_kwargs.ray_init.address",
+            fix="run it as a Ray job (verl-safe-launch submit sets this up), or set RAY_ADDRESS",
+        )
     if ns.dry_run:
         out.say("Dry run: nothing was started. This is what would launch:\n" + render_plan(plan))
         return out.finish("dry-run", EXIT_OK)
@@ -110,7 +121,7 @@ def _run(ns: argparse.Namespace, args: Sequence[str], offset: int, out: Outcome)
     return _launch(cfg, plan, pre, forced, ns.force, out)
 
 
-def _resolved(composed: Composed) -> Any:
+def resolved_config(composed: Composed) -> Any:
     """A resolved copy of the composed config: what config.yaml holds and what verl receives."""
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
@@ -126,7 +137,8 @@ def _resolved(composed: Composed) -> Any:
     return cfg
 
 
-def _run_dir(ns: argparse.Namespace, forced: list[str]) -> Path:
+def choose_run_dir(ns: argparse.Namespace, forced: list[str]) -> Path:
+    """The run directory: --run-dir, else outputs/<date>/<time>; a non-empty one only with --force."""
     if ns.run_dir is None:
         return rundir.prepare_run_dir(rundir.auto_run_dir(datetime.now()), force=False)
     if rundir.is_non_empty(ns.run_dir) and ns.force:
@@ -134,7 +146,7 @@ def _run_dir(ns: argparse.Namespace, forced: list[str]) -> Path:
     return rundir.prepare_run_dir(ns.run_dir, force=ns.force)
 
 
-def _write_run_dir(
+def write_run_dir(
     run_dir: Path,
     cfg: Any,
     composed: Composed,
@@ -143,6 +155,7 @@ def _write_run_dir(
     overrides: list[str],
     forced: list[str],
 ) -> None:
+    """config.yaml, overrides, provenance, the pre-flight report and the reproducing command."""
     record = rundir.RunRecord(
         config_yaml=rundir.render_config(cfg),
         overrides=tuple(overrides),
@@ -195,6 +208,7 @@ def _check_cluster(plan: LaunchPlan, pre: Preflight, forced: list[str], force: b
     cpu_error = handoff.check_cpus(plan.cpus, resources, where)
     if cpu_error is not None:
         raise cpu_error
+    _check_nodes(pre, where, force, forced)
     gpu_error = handoff.check_gpus(plan.gpus, resources, where)
     if gpu_error is None:
         return
@@ -203,6 +217,21 @@ def _check_cluster(plan: LaunchPlan, pre: Preflight, forced: list[str], force: b
     forced.append(gpu_error.what)
     _record_forced(plan.run_dir, pre, forced)
     out.say(f"warning: {gpu_error.what} (launching anyway: --force)")
+
+
+def _check_nodes(pre: Preflight, where: str, force: bool, forced: list[str]) -> None:
+    """Per node, as verl places its bundle sets; then verl's placement groups, with a deadline."""
+    from verl_safe_launch.launch import blocking, live_nodes, node_findings, node_need, probe_placement
+
+    need = node_need(pre.context.view)
+    nodes = live_nodes()
+    stop = blocking(node_findings(nodes, need, where))
+    if stop is not None:
+        if not force:
+            raise stop
+        forced.append(stop.what)
+        return
+    probe_placement(need, nodes)
 
 
 def after_run(plan: LaunchPlan, pre: Preflight, failure: VslError | None, out: Outcome) -> int:

@@ -123,7 +123,7 @@ def _write_job(args: Sequence[str], offset: int) -> int:
     ns = parse(_parser(), args)
     script = ns.script.absolute()
     config = _config_path(script)
-    composed, profile = _compose(ns, args, offset)
+    composed, profile = compose_for_allocation(ns, args, offset)
     pre = run_preflight(composed, profile)
     cpus, cpu_finding = _cpus_per_task(composed.view, ns.cpus_per_task, ns.nodes)
     findings = [*pre.findings, *([cpu_finding] if cpu_finding else [])]
@@ -162,7 +162,9 @@ def _config_path(script: Path) -> Path:
     return config
 
 
-def _compose(ns: argparse.Namespace, args: Sequence[str], offset: int) -> tuple[Composed, HardwareProfile]:
+def compose_for_allocation(
+    ns: argparse.Namespace, args: Sequence[str], offset: int
+) -> tuple[Composed, HardwareProfile]:
     """Compose for the declared allocation only: nothing is read from the machine this runs on."""
     overrides = list(ns.overrides)
     for text in overrides:

@@ -33,11 +33,12 @@ from verl_safe_launch.rules.plan import (
     sync_steps,
     with_values,
 )
-from verl_safe_launch.rules.resources import CpuNeed, GpuNeed, cpu_need, gpu_need
+from verl_safe_launch.rules.resources import CPUS_PER_GPU, CpuNeed, GpuNeed, cpu_need, gpu_need
 
 __all__ = [
     "ACTOR_MICRO",
     "ACTOR_MINI",
+    "CPUS_PER_GPU",
     "LOGPROB_MICRO",
     "REF_MICRO",
     "ROLLOUT_N",

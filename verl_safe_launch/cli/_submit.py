@@ -1,0 +1,121 @@
+"""``submit``: the pre-flight here, then the run on an existing Ray cluster through its job API."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from verl_safe_launch.cli._common import add_compose_args, compose_from_args, make_parser, parse
+from verl_safe_launch.cli._run import choose_run_dir, resolved_config, write_run_dir
+from verl_safe_launch.compose import Composed
+from verl_safe_launch.errors import EXIT_OK, EXIT_PREFLIGHT
+from verl_safe_launch.findings import has_errors
+from verl_safe_launch.launch import (
+    JOB_CONFIG,
+    JOB_FILE,
+    JobTarget,
+    client,
+    cluster_nodes,
+    entrypoint,
+    final_code,
+    follow,
+    job_address,
+    job_runtime_env,
+    node_findings,
+    node_need,
+    rundir,
+    slurm,
+    wait,
+)
+from verl_safe_launch.preflight import Preflight, run_preflight
+from verl_safe_launch.render import render_findings_text
+
+EXAMPLES = """\
+  verl-safe-launch submit --address http://head:8265 -c launch_examples/grpo_6gpu.yaml --follow
+  RAY_ADDRESS=http://head:8265 verl-safe-launch submit preset=cluster actor_rollout_ref.model.path=... --no-wait
+
+The pre-flight runs here; then the cluster's alive nodes are read through Ray's state API and checked one by one
+(each GPU node must hold trainer.n_gpus_per_node GPUs and their CPUs: verl places one bundle set per node and
+otherwise waits forever). The run directory (config.yaml, provenance, pre-flight report) becomes the job's working
+directory, and the job runs 'verl-safe-launch run --attach' on it, so the memory hooks and the post-mortem run on the
+cluster. Exit: 0 the job succeeded (or was submitted, with --no-wait), 1 the pre-flight or the node check refused
+it, 2 bad input or an unreachable cluster, 3 the job failed.
+"""
+# Environment variables a run reads on the cluster, pinned into the job's runtime env when set here.
+PINNED_PREFIXES = ("VLLM_", "NCCL_", "HF_", "TRANSFORMERS_", "PYTORCH_", "TORCH_", "WANDB_", "VERL_")
+
+
+def main(args: Sequence[str], offset: int) -> int:
+    """Run ``submit``."""
+    parser = make_parser("submit", "Pre-flight, then submit the run to an existing Ray cluster.", EXAMPLES)
+    parser.add_argument("--address", help="the cluster's job API (dashboard URL), else RAY_ADDRESS")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--follow", action="store_true", help="stream the job's logs until it ends")
+    mode.add_argument("--no-wait", action="store_true", help="return once the job is submitted")
+    parser.add_argument("--run-dir", type=Path, help="run directory (default outputs/<date>/<time>)")
+    parser.add_argument("--force", action="store_true", help="submit past pre-flight and node-check errors")
+    add_compose_args(parser)
+    ns = parse(parser, args)
+    composed = compose_from_args(ns, args, offset)
+    pre = run_preflight(composed)
+    print(render_findings_text(pre.findings).rstrip("\n"))
+    if not pre.ok and not ns.force:
+        print("Nothing was submitted: fix the errors above, or pass --force.")
+        return EXIT_PREFLIGHT
+    target = job_address(ns.address, os.environ, composed.view.get("ray_kwargs.ray_init.address"))
+    job_client = client(target)
+    nodes = cluster_nodes(target)
+    checks = node_findings(nodes, node_need(composed.view), f"Ray cluster {target.address}")
+    alive = [n for n in nodes if n.alive]
+    print(f"cluster {target.address} ({target.source}): {len(alive)} alive node(s)")
+    for node in alive:
+        print(
+            f"  {node.label}: {node.gpus:g} GPUs, {node.cpus:g} CPUs, {node.memory_gb:.0f} GiB"
+            + (f", {node.accelerator}" if node.accelerator else "")
+        )
+    if checks:
+        print(render_findings_text(checks).rstrip("\n"))
+    if has_errors(checks) and not ns.force:
+        print("Nothing was submitted: the cluster cannot hold this run.")
+        return EXIT_PREFLIGHT
+    return _submit(ns, args, composed, pre, target, job_client)
+
+
+def _submit(
+    ns: argparse.Namespace,
+    args: Sequence[str],
+    composed: Composed,
+    pre: Preflight,
+    target: JobTarget,
+    job_client: Any,
+) -> int:
+    forced = ["pre-flight errors"] if not pre.ok else []
+    cfg = resolved_config(composed)
+    run_dir = choose_run_dir(ns, forced)
+    write_run_dir(run_dir, cfg, composed, pre, args, list(ns.overrides), forced)
+    values = {k: v for k, v in slurm.user_layer(composed.view).items() if k != "ray_kwargs.ray_init.address"}
+    rundir.atomic_write(run_dir / JOB_CONFIG, slurm.render_user_yaml(values))
+    command = entrypoint(JOB_CONFIG, slurm.argv_overrides(composed))
+    env_vars = {k: v for k, v in sorted(os.environ.items()) if k.startswith(PINNED_PREFIXES)}
+    job_id = str(job_client.submit_job(entrypoint=command, runtime_env=job_runtime_env(run_dir, env_vars)))
+    record = {"address": target.address, "job_id": job_id, "entrypoint": command, "env_vars": env_vars}
+    rundir.atomic_write(run_dir / JOB_FILE, json.dumps(record, indent=2) + "\n")
+    print(f"run directory: {run_dir}")
+    print(f"submitted job {job_id} to {target.address}")
+    print(
+        f"follow it with: ray job logs --address {shlex.quote(target.address)} {shlex.quote(job_id)} --follow"
+    )
+    if ns.no_wait:
+        return EXIT_OK
+    if ns.follow:
+        status = follow(job_client, job_id, lambda text: print(text, end="", flush=True))
+    else:
+        status = wait(job_client, job_id, lambda text: print(text, flush=True))
+    print(f"job {job_id} ended: {status}", file=sys.stderr if status != "SUCCEEDED" else sys.stdout)
+    return final_code(status)
