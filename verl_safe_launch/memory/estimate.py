@@ -85,6 +85,9 @@ class MemoryEstimate:
         return max(self.stages, key=lambda s: s.total, default=None)
 
 
+UNVERIFIED = "unverified"
+
+
 def verdict(total: float, gpu: float | None, margin: float) -> str | None:
     """``fits`` with the margin, ``tight`` (fits without it), ``out of memory``; None without a GPU size."""
     if gpu is None:
@@ -92,6 +95,15 @@ def verdict(total: float, gpu: float | None, margin: float) -> str | None:
     if total * (1 + margin) <= gpu:
         return "fits"
     return "tight" if total <= gpu else "out of memory"
+
+
+def band_verdict(total: float, low: float, high: float, gpu: float | None, margin: float) -> str | None:
+    """The verdict of an untraced architecture: only what the whole band agrees on, else ``unverified``."""
+    if gpu is None:
+        return None
+    if high <= gpu:
+        return verdict(total, gpu, margin)
+    return "out of memory" if low > gpu else UNVERIFIED
 
 
 def finish(
@@ -102,10 +114,13 @@ def finish(
     total = sum(v for _, v in gib)
     wide = {"activations", "logits and temporaries"} if not ctx.calibrated else set()
     spread = sum(v * (UNCALIBRATED if c in wide else UNCERTAINTY[c]) for c, v in gib)
-    high = total + spread + FRAGMENTATION * total
-    return StageEstimate(
-        name, gib, phase, batch, knob, total - spread, high, verdict(total, ctx.gpu, ctx.margin)
+    high, low = total + spread + FRAGMENTATION * total, total - spread
+    judged = (
+        verdict(total, ctx.gpu, ctx.margin)
+        if ctx.calibrated
+        else band_verdict(total, low, high, ctx.gpu, ctx.margin)
     )
+    return StageEstimate(name, gib, phase, batch, knob, low, high, judged)
 
 
 @dataclass(frozen=True)
@@ -229,7 +244,10 @@ def assumptions(s: Settings, specs: list[StageSpec], rollout: RolloutFacts | Non
     if a.megatron:
         lines.append("model_engine=megatron: modelled as FSDP with the same sharding (indicative only)")
     if not coeffs_for(a.arch)[1]:
-        lines.append(f"architecture family '{a.arch.model_type}' not calibrated: Llama constants, wider band")
+        lines.append(
+            f"architecture family '{a.arch.model_type}' not traced: Llama constants, activations and logits "
+            f"±{UNCALIBRATED:.0%}; a stage whose band straddles the GPU size is '{UNVERIFIED}', not 'fits'"
+        )
     if any(spec.dynamic for spec in specs):
         lines.append("dynamic batch size: a micro batch fills its token budget")
     if rollout is not None:

@@ -110,10 +110,15 @@ def coeffs_for(arch: Architecture) -> tuple[LayerCoeffs, bool]:
     return (coeffs, True) if coeffs is not None else (LLAMA, False)
 
 
+def mlp_width(arch: Architecture) -> int:
+    """MLP intermediate width one token passes through (routed top-k plus shared experts in MoE layers)."""
+    return arch.active_intermediate_size if arch.moe_layers else arch.intermediate_size
+
+
 def _dims(arch: Architecture, p: Pass) -> tuple[int, int, int, float, int]:
     q = arch.num_attention_heads * arch.head_dim
     kv = arch.num_key_value_heads * arch.head_dim
-    f = arch.moe_intermediate_size * arch.num_experts_per_tok if arch.num_experts else arch.intermediate_size
+    f = mlp_width(arch)
     return arch.hidden_size, q, kv, f / max(1, p.mlp_shards), arch.head_dim
 
 
@@ -231,7 +236,7 @@ def kv_bytes_per_token(arch: Architecture, tp: int, dtype_bytes: int = BF16) -> 
 
 def engine_activation_bytes(arch: Architecture, tp: int, batched_tokens: int, max_seqs: int) -> float:
     """The inference engine's profiled peak: one forward of ``batched_tokens`` plus sampling ``max_seqs`` rows."""
-    h, f = arch.hidden_size, arch.intermediate_size
+    h, f = arch.hidden_size, mlp_width(arch)
     q = arch.num_attention_heads * arch.head_dim
     per_token = BF16 * (4 * h + (4 * f + 2 * q) / max(1, tp))
     sampler = 3 * FP32 * max_seqs * arch.vocab_size
