@@ -88,6 +88,8 @@ class HardwareFacts:
     gpus_per_node: int | None = None
     gpu_memory_gb: float | None = None
     gpu_name: str | None = None
+    flash_attn: bool | None = None
+    host_memory_gb: float | None = None
 
 
 @dataclass(frozen=True)

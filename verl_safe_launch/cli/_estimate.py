@@ -117,7 +117,10 @@ def render(ctx: RuleContext, est: MemoryEstimate, fits: Sequence[KnobFit], fit: 
         f"GPU memory per GPU (GiB) for {arch.name if arch else '?'} ({arch.source if arch else ''}); GPU: {gpus}"
     ]
     lines += ["", *table(est), *(f"note: {n}" for n in est.notes), "", "peaks:"]
-    lines += [f"  {s.name:<13} {s.phase}; {s.batch}" for s in est.stages]
+    for s in est.stages:
+        lines.append(f"  {s.name:<13} {s.phase}; {s.batch}")
+        if s.phases:
+            lines.append("  " + " " * 14 + "; ".join(f"{name} {gib:.1f} GiB" for name, gib in s.phases))
     lines += ["", "assumptions:", *(f"  - {a}" for a in est.assumptions)]
     findings = memory_findings(ctx, est)
     if findings:
@@ -150,6 +153,7 @@ def _stage_json(s: StageEstimate) -> dict[str, Any]:
         "phase": s.phase,
         "batch": s.batch,
         "knob": s.knob,
+        "phases_gib": {name: round(gib, 3) for name, gib in s.phases},
     }
 
 

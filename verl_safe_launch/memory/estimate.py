@@ -52,6 +52,7 @@ class StageEstimate:
     low: float
     high: float
     verdict: str | None = None
+    phases: tuple[tuple[str, float], ...] = ()
 
     @property
     def total(self) -> float:
@@ -139,6 +140,7 @@ class Settings:
     specs: tuple[StageSpec, ...]
     notes: tuple[str, ...] = ()
     optimizer: str = "AdamW"
+    logits_path: str = ""
 
 
 def resident(engine: Engine | None, stage: str, running: bool) -> dict[str, float]:
@@ -185,13 +187,17 @@ def training_stage(spec: StageSpec, s: Settings) -> StageEstimate:
     e = spec.engine
     base = _base(spec, s)
     tokens = spec.tokens(s.seq_len)
-    peak = pass_peak(e.arch, make_pass(spec, tokens))
+    peak = pass_peak(e.arch, make_pass(spec, tokens, s.seq_len))
     during = {"gathered parameters": gathered(e, spec.backward), "activations": peak.activations}
     during["logits and temporaries"] = peak.logits
     parts, phase = add(base, during), peak.phase
-    if spec.backward:
-        parts, phase = _max_phase(parts, phase, base, e)
-    return finish(spec.name, parts, phase, spec.describe(s.seq_len), spec.knob, s)
+    if not spec.backward:
+        return finish(spec.name, parts, phase, spec.describe(s.seq_len), spec.knob, s)
+    options = _phases(parts, phase, base, e)
+    parts, phase = max(options, key=lambda o: sum(o[0].values()))
+    stage = finish(spec.name, parts, phase, spec.describe(s.seq_len), spec.knob, s)
+    named = zip(UPDATE_PHASES, options, strict=True)
+    return replace(stage, phases=tuple((name, sum(o[0].values()) / GIB) for name, o in named))
 
 
 def _base(spec: StageSpec, s: Settings) -> dict[str, float]:
@@ -203,15 +209,16 @@ def _base(spec: StageSpec, s: Settings) -> dict[str, float]:
     )
 
 
-def _max_phase(
-    parts: dict[str, float], phase: str, base: dict[str, float], e: Engine
-) -> tuple[dict[str, float], str]:
-    """The micro-batch peak vs the end of backward (head gradients reduced in fp32) and the optimizer step."""
+Phase = tuple[dict[str, float], str]
+UPDATE_PHASES = ("micro batch", "end of backward", "optimizer step")
+
+
+def _phases(parts: dict[str, float], phase: str, base: dict[str, float], e: Engine) -> list[Phase]:
+    """The micro-batch peak, the end of backward (head gradients reduced in fp32) and the optimizer step."""
     root = root_params(e.arch, e.value_head) if not e.lora_rank else 0
     reduce = add(base, {"gathered parameters": (BF16 + BF16 + FP32) * root})
     step = add(base, {"logits and temporaries": e.trainable * e.dtype_bytes / e.shards})
-    options = [(parts, phase), (reduce, "end of backward (head gradient reduce)"), (step, "optimizer step")]
-    return max(options, key=lambda o: sum(o[0].values()))
+    return [(parts, phase), (reduce, "end of backward (head gradient reduce)"), (step, "optimizer step")]
 
 
 def assumptions(s: Settings, specs: list[StageSpec], rollout: RolloutFacts | None) -> tuple[str, ...]:
@@ -226,7 +233,7 @@ def assumptions(s: Settings, specs: list[StageSpec], rollout: RolloutFacts | Non
         "the update" + _offload(a),
         "mixed precision: bf16 compute, layers all-gathered one unit at a time (head unit kept during forward)",
         "gradient checkpointing " + ("on: one layer input kept per layer" if a.checkpointing else "off"),
-        "log-probs: flash-attn cross-entropy (in-place gradient; verl[fsdp] installs flash-attn)",
+        s.logits_path,
         _entropy_line(a),
         "ref model: parameters on the CPU between layers (verl forces CPU offload for forward-only engines)",
         f"fixed overhead {s.overhead:g} GiB per process: the trainer and the sleeping rollout server",
@@ -282,10 +289,15 @@ def prepare(ctx: RuleContext, margin: float, overhead_gib: float) -> Settings | 
     if ctx.actor_arch is None:
         return _unknown(view.get(MODEL_KEY["actor"]), "actor")
     gpus = plan.gpus or 1
-    actor = read_engine(view, "actor", ctx.actor_arch, gpus)
+    flash, path = logits_path(ctx)
+    actor = replace(read_engine(view, "actor", ctx.actor_arch, gpus), flash_ce=flash)
     ref = None
     if plan.use_ref:
-        ref = actor if actor.lora_rank else read_engine(view, "ref", ctx.actor_arch, gpus)
+        ref = (
+            actor
+            if actor.lora_rank
+            else replace(read_engine(view, "ref", ctx.actor_arch, gpus), flash_ce=flash)
+        )
     critic: Engine | None = None
     notes: tuple[str, ...] = ()
     if plan.use_critic and ctx.critic_arch is None:
@@ -310,7 +322,27 @@ def prepare(ctx: RuleContext, margin: float, overhead_gib: float) -> Settings | 
         notes,
     )
     optimizer = str(view.get(f"{ARR}.actor.optim.optimizer") or "AdamW")
-    return replace(s, specs=tuple(stage_specs(view, plan, actor, ref, critic)), optimizer=optimizer)
+    specs = tuple(stage_specs(view, plan, actor, ref, critic))
+    return replace(s, specs=specs, optimizer=optimizer, logits_path=path)
+
+
+FLASH_CE_ENV_KEY = "ray_kwargs.ray_init.runtime_env.env_vars.VERL_DISABLE_FLASH_ATTN_CE"
+
+
+def logits_path(ctx: RuleContext) -> tuple[bool, str]:
+    """Whether verl computes log-probs with flash-attn's cross-entropy, and the assumption line saying why."""
+    fallback = "verl's logprobs_from_logits_v2 (row-wise log_softmax, a saved copy and a separate gradient)"
+    if str(ctx.view.get(FLASH_CE_ENV_KEY)) == "1":
+        return False, f"log-probs: {fallback}: VERL_DISABLE_FLASH_ATTN_CE=1 in the workers' runtime env"
+    flash = ctx.hardware.flash_attn
+    if flash is None:
+        return True, (
+            "log-probs: flash-attn cross-entropy assumed (in-place gradient; not detected: set "
+            "hardware.flash_attn=false where flash-attn is missing or VERL_DISABLE_FLASH_ATTN_CE=1)"
+        )
+    if flash:
+        return True, "log-probs: flash-attn cross-entropy (in-place gradient; hardware.flash_attn=true)"
+    return False, f"log-probs: {fallback}: flash-attn cross-entropy not used (hardware.flash_attn=false)"
 
 
 def estimate_memory(
@@ -371,7 +403,9 @@ def _pooled(stage: StageEstimate, facts: RolloutFacts, s: Settings) -> StageEsti
         return stage
     parts = {c: v * GIB for c, v in stage.components}
     parts["KV cache"] = parts.get("KV cache", 0.0) + facts.pool_bytes
-    return finish(stage.name, parts, stage.phase, stage.batch, stage.knob, s)
+    pooled = finish(stage.name, parts, stage.phase, stage.batch, stage.knob, s)
+    extra = facts.pool_bytes / GIB
+    return replace(pooled, phases=tuple((name, v + extra) for name, v in stage.phases))
 
 
 def _unknown(path: object, role: str) -> str:

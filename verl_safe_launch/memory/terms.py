@@ -35,11 +35,15 @@ class LayerCoeffs:
 # Llama and Qwen2 layers save the same tensors (Qwen2's q/k/v biases save nothing); Qwen3 adds q/k RMSNorm.
 LLAMA = LayerCoeffs(hidden=16, q=4, kv=4, mlp=8, heads=4, kv_heads=0, const=8)
 QWEN3 = LayerCoeffs(hidden=16, q=10, kv=10, mlp=8, heads=8, kv_heads=4, const=8, q_norm=True)
+# Gemma-2 wraps attention and MLP in two more RMSNorms (post-attention, post-feedforward), each keeping fp32
+# copies: +20 bytes × hidden per token (traced on gemma-2-2b without checkpointing, bench/calibrate_memory.py).
+GEMMA2 = LayerCoeffs(hidden=36, q=4, kv=4, mlp=8, heads=4, kv_heads=0, const=8)
 FAMILIES: dict[str, LayerCoeffs] = {
     "llama": LLAMA,
     "qwen2": LLAMA,
     "mistral": LLAMA,
     "qwen3": QWEN3,
+    "gemma2": GEMMA2,
 }
 
 
@@ -69,6 +73,15 @@ ENTROPY_CHECKPOINTED_GRAD = 14.0  # recomputed in backward: the same peak as eag
 CHUNK_BYTES_PER_ENTRY = {False: 12.0, True: 16.0}  # one chunk's fp32 copy, softmax, product (and gradients)
 FUSED_BYTES_PER_ENTRY = {False: 12.0, True: 24.0}  # fused kernels: one 512-token chunk's fp32 temporaries
 PER_TOKEN_LOGPROB = 8  # fp32 log-prob and log-sum-exp per token
+# Without flash-attn's cross-entropy verl runs logprobs_from_logits_v2: a log_softmax per row of the logits (a row
+# is one token with remove padding, one sequence without). Traced (bench/calibrate_memory.py --variants): the
+# forward keeps two rows' outputs beside the logits (the last one and the one being computed); with a backward
+# every row's output is saved, one more bf16 copy of the whole logits, and the gradient is not written in place.
+NO_FLASH_ROWS_LIVE = 2
+NO_FLASH_GRAD_BYTES = 2.0
+# Final-logit softcapping (Gemma-2/3: tanh(logits / cap) × cap) makes one more bf16 full-vocabulary copy in the
+# forward, and the update also keeps tanh's output for backward (traced on gemma-2-2b).
+SOFTCAP_BYTES = {False: 2.0, True: 4.0}
 
 
 @dataclass(frozen=True)
@@ -88,6 +101,9 @@ class Pass:
     activation_offload: bool = False
     mlp_shards: int = 1
     liger: bool = False
+    flash_ce: bool = True
+    row_tokens: int = 1
+    softcap: bool = False
 
 
 @dataclass(frozen=True)
@@ -174,9 +190,15 @@ def logits_bytes(p: Pass, hidden: int) -> float:
     if p.fused_kernels:
         chunk = FUSED_BYTES_PER_ENTRY[p.backward] * min(t, FUSED_CHUNK_TOKENS) * v
         return chunk + weight_grad + PER_TOKEN_LOGPROB * t
-    copies = BF16 * (1 + int(p.temperature_copy) + int(p.packed_copy))
-    entropy = Entropy.EAGER if p.packed_copy and p.entropy is not Entropy.NONE else p.entropy
+    packed = p.packed_copy and p.flash_ce  # the flash kernel takes 2-D logits: a padded batch is copied
+    copies = BF16 * (1 + int(p.temperature_copy) + int(packed))
+    entropy = Entropy.EAGER if packed and p.entropy is not Entropy.NONE else p.entropy
     extra = LOGIT_EXTRA[(entropy, p.backward)] * t * v
+    if not p.flash_ce:
+        rows = NO_FLASH_GRAD_BYTES * t if p.backward else BF16 * NO_FLASH_ROWS_LIVE * min(t, p.row_tokens)
+        extra += rows * v
+    if p.softcap:
+        extra += SOFTCAP_BYTES[p.backward] * t * v
     if entropy is Entropy.CHUNKED:
         extra += CHUNK_BYTES_PER_ENTRY[p.backward] * min(t, p.entropy_chunk) * v
     if p.backward and p.entropy_checkpointing and entropy is not Entropy.NONE:
