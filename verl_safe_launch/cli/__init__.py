@@ -20,6 +20,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "migrate": ("_migrate", "turn a raw script into a YAML file + a verl-safe-launch command"),
     "slurm": ("_slurm", "write (and optionally submit) a Slurm job"),
     "presets": ("_presets", "list the presets, or show one with its values"),
+    "oom": ("_oom", "read a failed run's log: the stage that ran out and the fixes, ranked by memory freed"),
 }
 DEFAULT_VERB = "run"
 
