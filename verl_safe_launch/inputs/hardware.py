@@ -84,7 +84,9 @@ def detect_hardware(tool: ToolSettings, env: Mapping[str, str] | None = None) ->
         gpu_name=declared.gpu_name or smi.gpu_name or slurm.gpu_name,
         notes=tuple(notes) + smi.notes,
         flash_attn=declared.flash_attn or _flash_attn_installed(env),
-        host_memory_gb=declared.host_memory_gb or _slurm_memory(env) or _meminfo(),
+        host_memory_gb=declared.host_memory_gb
+        or _slurm_memory(env)
+        or (_meminfo() if smi.gpus_per_node else None),
     )
 
 
@@ -202,7 +204,8 @@ def _slurm_memory(env: Mapping[str, str]) -> Fact[float] | None:
 
 
 def _meminfo(path: str = "/proc/meminfo") -> Fact[float] | None:
-    """Host memory of this machine from ``/proc/meminfo`` (MemTotal, KiB)."""
+    """Host memory of this machine from ``/proc/meminfo`` (MemTotal, KiB); read only where nvidia-smi found GPUs,
+    so that a login node's memory is not taken for the training nodes'."""
     try:
         with open(path, encoding="utf-8") as handle:
             text = handle.read()

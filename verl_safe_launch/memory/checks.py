@@ -8,6 +8,7 @@ from verl_safe_launch.context import RuleContext
 from verl_safe_launch.findings import Finding, Severity
 from verl_safe_launch.memory.estimate import UNVERIFIED, MemoryEstimate, StageEstimate, estimate_memory
 from verl_safe_launch.memory.fit import KnobFit, fit_knobs
+from verl_safe_launch.memory.host import host_findings
 from verl_safe_launch.memory.rollout import MAX_MODEL_LEN_KEY, TP_KEY, UTIL_KEY, RolloutFacts
 from verl_safe_launch.memory.terms import GIB
 from verl_safe_launch.rules import KeyFix, batch_plan, render_fix, set_fix, sources
@@ -34,6 +35,7 @@ def memory_findings(ctx: RuleContext, estimate: MemoryEstimate | None = None) ->
     if est.rollout is not None:
         out.extend(_rollout(ctx, est.rollout, gpu))
     out.extend(_verdicts(ctx, est))
+    out.extend(host_findings(est.host))
     return out
 
 

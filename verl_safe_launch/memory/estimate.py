@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 from verl_safe_launch.config_view import ARR
 from verl_safe_launch.context import RuleContext
 from verl_safe_launch.memory.engine import Engine, StageSpec, make_pass, read_engine, stage_specs
+from verl_safe_launch.memory.host import HostEstimate, host_estimate
 from verl_safe_launch.memory.rollout import Finish, RolloutFacts, rollout_facts, rollout_stage
 from verl_safe_launch.memory.terms import BF16, FP32, GIB, coeffs_for, layer_params, pass_peak, root_params
 from verl_safe_launch.rules import BatchPlan, batch_plan
@@ -75,6 +76,7 @@ class MemoryEstimate:
     missing: str | None = None
     rollout: RolloutFacts | None = None
     notes: tuple[str, ...] = field(default=())
+    host: HostEstimate | None = None
 
     def stage(self, name: str) -> StageEstimate | None:
         """The estimate of one stage by name."""
@@ -357,7 +359,18 @@ def estimate_memory(
     stages = [rollout_stage(facts, _base_rollout(s), s.overhead, finish_fn(s))]
     stages += [_pooled(training_stage(spec, s), facts, s) for spec in s.specs]
     lines = assumptions(s, list(s.specs), facts)
-    return MemoryEstimate(tuple(stages), lines, s.gpu, margin, rollout=facts, notes=s.notes)
+    host = _host(ctx, s)
+    return MemoryEstimate(tuple(stages), lines, s.gpu, margin, rollout=facts, notes=s.notes, host=host)
+
+
+def _host(ctx: RuleContext, s: Settings) -> HostEstimate:
+    engines = [
+        s.actor,
+        *(sp.engine for sp in s.specs if sp.engine.role == "ref" and sp.engine is not s.actor),
+    ]
+    engines += [s.critic] if s.critic is not None else []
+    per_node = s.plan.gpus_per_node or ctx.hardware.gpus_per_node or 1
+    return host_estimate(ctx.view, tuple(engines), per_node, ctx.hardware.host_memory_gb)
 
 
 def stage_at(
