@@ -156,3 +156,10 @@ def test_an_untraced_family_gets_no_fits_while_its_band_straddles_the_gpu() -> N
     hw = HardwareFacts(gpu_memory_gb=stage.total * 1.02, flash_attn=True)
     found = memory_findings(RuleContext(ctx.view, ctx.actor_arch, None, hw))
     assert any(f.rule_id == "memory-stage-unverified" and "not been traced" in f.message for f in found)
+
+
+def test_fused_kernels_do_not_depend_on_flash_attn() -> None:
+    fused = {f"{ARR}.model.use_fused_kernels": True}
+    assert stage_gib(fused, False, "actor update") == stage_gib(fused, True, "actor update")
+    lines = estimate_memory(context(fused, False)).assumptions
+    assert any(line.startswith("log-probs: fused kernels") for line in lines)
