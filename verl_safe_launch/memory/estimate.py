@@ -335,7 +335,10 @@ def logits_path(ctx: RuleContext) -> tuple[bool, str]:
     """Whether verl computes log-probs with flash-attn's cross-entropy, and the assumption line saying why."""
     fallback = "verl's logprobs_from_logits_v2 (row-wise log_softmax, a saved copy and a separate gradient)"
     if ctx.view.get(f"{ARR}.model.use_fused_kernels") is True:
-        return True, "log-probs: fused kernels (use_fused_kernels): flash-attn's cross-entropy is not involved"
+        return (
+            True,
+            "log-probs: fused kernels (use_fused_kernels): flash-attn's cross-entropy is not involved",
+        )
     if str(ctx.view.get(FLASH_CE_ENV_KEY)) == "1":
         return False, f"log-probs: {fallback}: VERL_DISABLE_FLASH_ATTN_CE=1 in the workers' runtime env"
     flash = ctx.hardware.flash_attn
