@@ -149,3 +149,18 @@ def test_run_directory_with_only_the_memory_record(cli: Callable[..., CliResult]
     data = json.loads(r.out)
     assert data["kind"] == "record" and data["stage"] == "old log-prob" and data["scale"] > 1
     assert data["paste"][0].startswith(LOG_PROB_KNOB + "=")
+
+
+def test_run_directory_config_is_used_when_no_config_is_given(
+    cli: Callable[..., CliResult], tmp_path: Path
+) -> None:
+    shown = cli("show", "-c", EXAMPLE, FAILED)
+    assert shown.code == 0, shown.err
+    (tmp_path / "config.yaml").write_text(shown.out)
+    shutil.copy(LOGS / "v1_compute_log_prob.log", tmp_path / "driver.log")
+    r = cli("oom", str(tmp_path), "--format", "json")
+    assert r.code == 0, r.err
+    data = json.loads(r.out)
+    assert data["knob_value"] == 40 and data["notes"][0].startswith(f"config: {tmp_path / 'config.yaml'}")
+    bare = json.loads(cli("oom", str(LOGS / "legacy_update_actor.log"), "--format", "json").out)
+    assert bare["notes"][0].startswith("no config given (-c FILE with the run's config)")

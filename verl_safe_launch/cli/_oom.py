@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -58,10 +59,12 @@ def main(args: Sequence[str], offset: int) -> int:
             where="PATH",
             fix="pass the log that holds torch's 'CUDA out of memory' message or vLLM/SGLang's KV-cache error",
         )
-    ctx = rule_context(
-        require_accepted(compose_for_launch(request_from_args(_without_path(ns), args, offset)))
-    )
+    note = _config_note(ns, path)
+    request = request_from_args(_without_path(ns), args, offset)
+    ctx = rule_context(require_accepted(compose_for_launch(request)))
     result = diagnose(events[0], ctx, record)
+    if note:
+        result = dataclasses.replace(result, notes=(note, *result.notes))
     if ns.format == "json":
         print_json({**diagnosis_json(result), "errors_found": len(events)})
     else:
@@ -81,6 +84,17 @@ def from_record(record: Mapping[str, Any]) -> OomEvent:
         None,
         total_gib=float(total) if isinstance(total, int | float) else None,
     )
+
+
+def _config_note(ns: argparse.Namespace, path: Path) -> str | None:
+    """Use a run directory's own config.yaml when no -c was given; say when the checklist starts from defaults."""
+    if ns.config:
+        return None
+    saved = path / "config.yaml" if path.is_dir() else None
+    if saved is not None and saved.is_file():
+        ns.config = [str(saved)]
+        return f"config: {saved} (the run's resolved config)"
+    return "no config given (-c FILE with the run's config): the checklist starts from verl's defaults"
 
 
 def _without_path(ns: argparse.Namespace) -> argparse.Namespace:

@@ -24,6 +24,7 @@ CHUNKING = f"{ARR}.actor.fsdp_config.entropy_from_logits_with_chunking"
 RESPONSE = "data.max_response_length"
 MIN_FREED_GIB = 0.05
 MAX_FIT_TRIES = 12
+FAR_SCALE = 4.0
 
 
 @dataclass(frozen=True)
@@ -82,12 +83,15 @@ def diagnose(event: OomEvent, ctx: RuleContext, record: Mapping[str, Any] | None
         return Diagnosis(event, name or None, None, None, None, 1.0, (), tuple(notes))
     measured = measured_gib(event, record)
     scale = 1.0
-    if measured is not None and measured > before.total and _variable(before) > 0:
-        scale = (measured - (before.total - _variable(before))) / _variable(before)
+    micro = _micro_total(before)
+    if measured is not None and measured > micro and before.batch_gib > 0:
+        scale = (measured - (micro - before.batch_gib)) / before.batch_gib
         notes.append(
-            f"the model says {before.total:.1f} GiB for {name}, the process needed at least {measured:.1f} GiB: "
-            f"activations and logits scaled ×{scale:.2f} to the measurement in every estimate below"
+            f"the model says {micro:.1f} GiB for one micro batch of {name}, the process needed at least "
+            f"{measured:.1f} GiB: activations and logits scaled ×{scale:.2f} to the measurement in every estimate"
         )
+    if scale > FAR_SCALE:
+        notes.append(f"×{scale:.1f} is far from 1: is the config given the one the run used?")
     knob = before.knob or _hook_knob(event, ctx)
     if event.kind == "kv-cache":
         knob = UTIL
@@ -98,16 +102,14 @@ def diagnose(event: OomEvent, ctx: RuleContext, record: Mapping[str, Any] | None
     return Diagnosis(event, name, knob, value, before.total, scale, remedies, tuple(notes))
 
 
-VARIABLE = ("activations", "logits and temporaries")
-
-
-def _variable(stage: StageEstimate) -> float:
-    return sum(stage.get(c) for c in VARIABLE)
+def _micro_total(stage: StageEstimate) -> float:
+    """The stage's peak while a micro batch runs (the update also has end-of-backward and optimizer phases)."""
+    return dict(stage.phases).get("micro batch", stage.total)
 
 
 def scaled(stage: StageEstimate, scale: float) -> float:
-    """The stage's peak with its activations and logits scaled to a measurement (shards are exact)."""
-    return stage.total + (scale - 1.0) * _variable(stage)
+    """The stage's peak with one micro batch's activations and logits scaled to a measurement."""
+    return max(stage.total, _micro_total(stage) + (scale - 1.0) * stage.batch_gib)
 
 
 def _hook_knob(event: OomEvent, ctx: RuleContext) -> str | None:

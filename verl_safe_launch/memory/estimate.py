@@ -54,6 +54,7 @@ class StageEstimate:
     high: float
     verdict: str | None = None
     phases: tuple[tuple[str, float], ...] = ()
+    batch_gib: float = 0.0  # activations and logits of one micro batch at its peak
 
     @property
     def total(self) -> float:
@@ -194,12 +195,14 @@ def training_stage(spec: StageSpec, s: Settings) -> StageEstimate:
     during["logits and temporaries"] = peak.logits
     parts, phase = add(base, during), peak.phase
     if not spec.backward:
-        return finish(spec.name, parts, phase, spec.describe(s.seq_len), spec.knob, s)
+        stage = finish(spec.name, parts, phase, spec.describe(s.seq_len), spec.knob, s)
+        return replace(stage, batch_gib=peak.total / GIB)
     options = _phases(parts, phase, base, e)
     parts, phase = max(options, key=lambda o: sum(o[0].values()))
     stage = finish(spec.name, parts, phase, spec.describe(s.seq_len), spec.knob, s)
     named = zip(UPDATE_PHASES, options, strict=True)
-    return replace(stage, phases=tuple((name, sum(o[0].values()) / GIB) for name, o in named))
+    phases = tuple((name, sum(o[0].values()) / GIB) for name, o in named)
+    return replace(stage, phases=phases, batch_gib=peak.total / GIB)
 
 
 def _base(spec: StageSpec, s: Settings) -> dict[str, float]:
@@ -423,7 +426,9 @@ def _pooled(stage: StageEstimate, facts: RolloutFacts, s: Settings) -> StageEsti
     parts["KV cache"] = parts.get("KV cache", 0.0) + facts.pool_bytes
     pooled = finish(stage.name, parts, stage.phase, stage.batch, stage.knob, s)
     extra = facts.pool_bytes / GIB
-    return replace(pooled, phases=tuple((name, v + extra) for name, v in stage.phases))
+    return replace(
+        pooled, phases=tuple((name, v + extra) for name, v in stage.phases), batch_gib=stage.batch_gib
+    )
 
 
 def _unknown(path: object, role: str) -> str:
