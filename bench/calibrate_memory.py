@@ -87,7 +87,7 @@ def variant_cases() -> list[Case]:
 
 
 # Architecture features and logits paths on the models where users hit them: Qwen2.5-3B without flash-attn's
-# cross-entropy, gemma-2-2b's final-logit softcapping. These are also sampled right after each op (an
+# cross-entropy, gemma-2-2b's final-logit softcapping, Mixtral-8x7B's routed experts. These are also sampled right after each op (an
 # out-of-place op's input and output are alive together), which the softcapping's division needs.
 FEATURE_CASES = [
     Case("Qwen/Qwen2.5-3B", 8, 1024, "logprob", True, "no_flash_ce_padded"),
@@ -95,16 +95,46 @@ FEATURE_CASES = [
     Case("google/gemma-2-2b", 2, 1024, "logprob", True),
     Case("google/gemma-2-2b", 2, 1024, "update", True),
     Case("google/gemma-2-2b", 2, 1024, "update", False),
+    Case("mistralai/Mixtral-8x7B-v0.1", 1, 1024, "logprob", True),
+    Case("mistralai/Mixtral-8x7B-v0.1", 1, 1024, "update", True),
+    Case("mistralai/Mixtral-8x7B-v0.1", 1, 1024, "update", False),
+    Case("synthetic/qwen3-moe-8L", 1, 1024, "update", True),
+    Case("synthetic/qwen3-moe-8L", 1, 1024, "update", False),
 ]
 
 
 # ----------------------------------------------------------------------------------------------- estimate side
 
 
+# A Qwen3-MoE-shaped config (128 experts, top-8, expert width 768; 8 layers to keep the trace short): it checks
+# the MoE terms at a routing shape far from Mixtral's, not any published model's numbers.
+SYNTHETIC = {
+    "synthetic/qwen3-moe-8L": dict(
+        hidden_size=2048,
+        num_hidden_layers=8,
+        num_attention_heads=32,
+        num_key_value_heads=4,
+        intermediate_size=6144,
+        vocab_size=151936,
+        max_position_embeddings=40960,
+        tie_word_embeddings=False,
+        head_dim=128,
+        model_type="qwen3_moe",
+        num_experts=128,
+        num_experts_per_tok=8,
+        moe_intermediate_size=768,
+    )
+}
+
+
 def architecture(model: str) -> Any:
-    """The architecture numbers from the bundled table."""
+    """The architecture numbers from the bundled table (or a synthetic shape above)."""
     sys.path.insert(0, str(ROOT))
+    from verl_safe_launch.context import Architecture
     from verl_safe_launch.inputs import load_architecture
+
+    if model in SYNTHETIC:
+        return Architecture(name=model, source="synthetic", **SYNTHETIC[model])  # type: ignore[arg-type]
 
     arch = load_architecture(model)
     if arch is None:
@@ -162,6 +192,11 @@ def hf_config(arch: Any, layers: int | None = None, vocab: int | None = None) ->
         tie_word_embeddings=arch.tie_word_embeddings,
         head_dim=arch.head_dim,
     )
+    if arch.num_experts:
+        experts = "num_local_experts" if arch.model_type == "mixtral" else "num_experts"
+        kwargs |= {experts: arch.num_experts, "num_experts_per_tok": arch.num_experts_per_tok}
+        if arch.moe_intermediate_size:
+            kwargs["moe_intermediate_size"] = arch.moe_intermediate_size
     cfg = AutoConfig.for_model(arch.model_type, **kwargs)
     cfg._attn_implementation = "calib_sdpa"
     return cfg

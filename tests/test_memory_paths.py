@@ -137,25 +137,33 @@ def test_gemma_softcapping_makes_another_logits_copy() -> None:
     assert got > plain  # Qwen2.5-3B has a smaller vocabulary and no softcap
 
 
-def test_an_untraced_family_gets_no_fits_while_its_band_straddles_the_gpu() -> None:
+def test_an_untraced_family_gets_no_fits_while_its_band_straddles_the_gpu(tmp_path: Path) -> None:
     from verl_safe_launch.memory import memory_findings
 
-    mixtral = {f"{ARR}.model.path": "mistralai/Mixtral-8x7B-v0.1", "trainer.n_gpus_per_node": 8}
-    mixtral |= {"data.train_batch_size": 64, f"{ARR}.actor.ppo_mini_batch_size": 64, f"{ARR}.rollout.n": 8}
-    ctx = context(mixtral, True)
+    shape = {  # a phi3-typed config.json: a family no trace has measured
+        "model_type": "phi3",
+        "hidden_size": 3072,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 32,
+        "intermediate_size": 8192,
+        "vocab_size": 32064,
+    }
+    (tmp_path / "config.json").write_text(json.dumps(shape))
+    ctx = context({f"{ARR}.model.path": str(tmp_path)}, True)
+    assert ctx.actor_arch is not None and ctx.actor_arch.model_type == "phi3"
     stage = estimate_memory(ctx).stage("old log-prob")
     assert stage is not None
-    for gpu, verdict in (
-        (stage.total * 1.02, "unverified"),
-        (stage.high + 1, "fits"),
-        (stage.low - 1, "out of memory"),
-    ):
+    checks = ((stage.total * 1.02, "unverified"), (stage.high + 1, "fits"), (stage.low - 1, "out of memory"))
+    for gpu, verdict in checks:
         hw = HardwareFacts(gpu_memory_gb=gpu, flash_attn=True)
         judged = estimate_memory(RuleContext(ctx.view, ctx.actor_arch, None, hw)).stage("old log-prob")
         assert judged is not None and judged.verdict == verdict, gpu
     hw = HardwareFacts(gpu_memory_gb=stage.total * 1.02, flash_attn=True)
     found = memory_findings(RuleContext(ctx.view, ctx.actor_arch, None, hw))
-    assert any(f.rule_id == "memory-stage-unverified" and "not been traced" in f.message for f in found)
+    assert any(
+        f.rule_id == "memory-stage-unverified" and "'phi3' has not been traced" in f.message for f in found
+    )
 
 
 def test_fused_kernels_do_not_depend_on_flash_attn() -> None:

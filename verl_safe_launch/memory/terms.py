@@ -44,7 +44,16 @@ FAMILIES: dict[str, LayerCoeffs] = {
     "mistral": LLAMA,
     "qwen3": QWEN3,
     "gemma2": GEMMA2,
+    "mixtral": LLAMA,
+    "qwen3_moe": QWEN3,
 }
+# Mixture-of-experts layers (traced on Mixtral-8x7B and a Qwen3-MoE-shaped config, bench/calibrate_memory.py): the MLP terms take the
+# routed top-k plus shared width; each token's k routed copies of the hidden state add 4·k·h bytes saved for
+# backward and as much again in backward; the forward peaks on the experts' gate/up outputs, 8 bytes per unit of
+# active width, beside the routed copies.
+MOE_SAVED = 4
+MOE_BACKWARD = 4
+MOE_FORWARD = 8
 
 
 class Entropy(StrEnum):
@@ -152,15 +161,22 @@ def layer_saved(arch: Architecture, p: Pass) -> float:
         + c.heads * arch.num_attention_heads
         + c.kv_heads * arch.num_key_value_heads
         + c.const
+        + _routed(arch, MOE_SAVED)
     )
+
+
+def _routed(arch: Architecture, coeff: int) -> int:
+    """Bytes per token for the k routed copies of the hidden state in an MoE layer (0 for dense)."""
+    return coeff * arch.num_experts_per_tok * arch.hidden_size if arch.moe_layers else 0
 
 
 def layer_backward_extra(arch: Architecture, p: Pass) -> float:
     """Bytes per token of one layer's backward beyond what it saved (measured)."""
     h, _q, _kv, f, d = _dims(arch, p)
+    routed = _routed(arch, MOE_BACKWARD)
     if p.checkpointing:
-        return max(6 * h, 2 * f + 2 * h) + 4 * d + 20
-    return max(20 * h, 4 * f + 2 * h) + 4 * d + 20
+        return max(6 * h, 2 * f + 2 * h) + 4 * d + 20 + routed
+    return max(20 * h, 4 * f + 2 * h) + 4 * d + 20 + routed
 
 
 def layer_forward_peak(arch: Architecture, p: Pass) -> float:
@@ -168,7 +184,8 @@ def layer_forward_peak(arch: Architecture, p: Pass) -> float:
     c, _ = coeffs_for(arch)
     h, q, _kv, f, d = _dims(arch, p)
     attention = 6 * h + 10 * q if c.q_norm else 0
-    return max(14 * h, 4 * f + 8 * h, attention) + 4 * d + 8
+    experts = MOE_FORWARD * f + _routed(arch, MOE_SAVED) + 2 * h if arch.moe_layers else 0
+    return max(14 * h, 4 * f + 8 * h, attention, experts) + 4 * d + 8
 
 
 def head_saved(arch: Architecture) -> float:
