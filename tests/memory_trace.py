@@ -37,6 +37,8 @@ VARIANTS = (
     "temperature",
     "no_remove_padding",
     "fused_kernels",
+    "no_flash_ce",
+    "no_flash_ce_padded",
 )
 
 
@@ -75,16 +77,58 @@ def variant_cases() -> list[Case]:
         if v == "value_head":
             modes.append(("update", False))
         out += [Case("Qwen/Qwen2.5-0.5B", 4, 512, mode, ckpt, v) for mode, ckpt in modes]
-    return out
+    return out + FEATURE_CASES
+
+
+# Architecture features and logits paths on the models where users hit them: Qwen2.5-3B without flash-attn's
+# cross-entropy, gemma-2-2b's final-logit softcapping, Mixtral-8x7B's routed experts. These are also sampled right after each op (an
+# out-of-place op's input and output are alive together), which the softcapping's division needs.
+FEATURE_CASES = [
+    Case("Qwen/Qwen2.5-3B", 8, 1024, "logprob", True, "no_flash_ce_padded"),
+    Case("Qwen/Qwen2.5-3B", 8, 1024, "logprob", True, "no_flash_ce"),
+    Case("google/gemma-2-2b", 2, 1024, "logprob", True),
+    Case("google/gemma-2-2b", 2, 1024, "update", True),
+    Case("google/gemma-2-2b", 2, 1024, "update", False),
+    Case("mistralai/Mixtral-8x7B-v0.1", 1, 1024, "logprob", True),
+    Case("mistralai/Mixtral-8x7B-v0.1", 1, 1024, "update", True),
+    Case("mistralai/Mixtral-8x7B-v0.1", 1, 1024, "update", False),
+    Case("synthetic/qwen3-moe-8L", 1, 1024, "update", True),
+    Case("synthetic/qwen3-moe-8L", 1, 1024, "update", False),
+]
 
 
 # ----------------------------------------------------------------------------------------------- estimate side
 
 
+# A Qwen3-MoE-shaped config (128 experts, top-8, expert width 768; 8 layers to keep the trace short): it checks
+# the MoE terms at a routing shape far from Mixtral's, not any published model's numbers.
+SYNTHETIC = {
+    "synthetic/qwen3-moe-8L": dict(
+        hidden_size=2048,
+        num_hidden_layers=8,
+        num_attention_heads=32,
+        num_key_value_heads=4,
+        intermediate_size=6144,
+        vocab_size=151936,
+        max_position_embeddings=40960,
+        tie_word_embeddings=False,
+        head_dim=128,
+        model_type="qwen3_moe",
+        num_experts=128,
+        num_experts_per_tok=8,
+        moe_intermediate_size=768,
+    )
+}
+
+
 def architecture(model: str) -> Any:
-    """The architecture numbers from the bundled table."""
+    """The architecture numbers from the bundled table (or a synthetic shape above)."""
     sys.path.insert(0, str(ROOT))
+    from verl_safe_launch.context import Architecture
     from verl_safe_launch.inputs import load_architecture
+
+    if model in SYNTHETIC:
+        return Architecture(name=model, source="synthetic", **SYNTHETIC[model])  # type: ignore[arg-type]
 
     arch = load_architecture(model)
     if arch is None:
@@ -114,6 +158,12 @@ def estimate(case: Case, layers: int | None = None) -> tuple[float, float]:
         p = replace(p, packed_copy=True)
     elif v == "fused_kernels":
         p = replace(p, fused_kernels=True)
+    elif v == "no_flash_ce":
+        p = replace(p, flash_ce=False)
+    elif v == "no_flash_ce_padded":
+        p = replace(p, flash_ce=False, packed_copy=True, row_tokens=case.seq)
+    if arch.final_logit_softcapping and v != "value_head":
+        p = replace(p, softcap=True)
     peak = pass_peak(arch, p)
     return peak.activations, peak.logits
 
@@ -136,6 +186,11 @@ def hf_config(arch: Any, layers: int | None = None, vocab: int | None = None) ->
         tie_word_embeddings=arch.tie_word_embeddings,
         head_dim=arch.head_dim,
     )
+    if arch.num_experts:
+        experts = "num_local_experts" if arch.model_type == "mixtral" else "num_experts"
+        kwargs |= {experts: arch.num_experts, "num_experts_per_tok": arch.num_experts_per_tok}
+        if arch.moe_intermediate_size:
+            kwargs["moe_intermediate_size"] = arch.moe_intermediate_size
     cfg = AutoConfig.for_model(arch.model_type, **kwargs)
     cfg._attn_implementation = "calib_sdpa"
     return cfg
@@ -207,6 +262,7 @@ def make_tracker(model: Any, vocab: int) -> Any:
             super().__init__()
             self.param_shapes = {tuple(p.shape) for p in model.parameters()}
             self.backward = False
+            self.after = False  # also sample right after each op, while its inputs are still alive
             self.peak, self.peak_logits, self.logits_live, self.peak_op = 0, 0, 0, ""
 
         def _update_peak_stats(self, peak_state: Any) -> None:  # module-wise peaks are not needed (and slow)
@@ -225,6 +281,8 @@ def make_tracker(model: Any, vocab: int) -> Any:
             if self.backward and self._weight_grad(res, args, kwargs):
                 reftype = _MemRefType.OTH
             tree_map_only(torch.Tensor, functools.partial(self._track_logits, reftype), res)
+            if self.after:
+                self.sample(f"{func} (output)")
             return res
 
         def _track_logits(self, reftype: Any, t: Any) -> None:
@@ -269,6 +327,7 @@ def trace(case: Case, layers: int | None = None, vocab: int | None = None) -> di
         ids = torch.randint(0, cfg.vocab_size, (case.micro, case.seq))
         tracker = make_tracker(model, -1 if case.variant == "value_head" else cfg.vocab_size)
         tracker.track_external(model)
+        tracker.after = case in FEATURE_CASES or case.variant.startswith("no_flash_ce")
         with tracker, torch.set_grad_enabled(grad):
             loss = _forward(model, ids, case.variant, cfg.vocab_size)
             if grad:
@@ -318,6 +377,16 @@ def _forward(model: Any, ids: Any, variant: str, vocab: int) -> Any:
         )
         return log_probs.sum() + entropy.sum()
     raw = model(input_ids=ids, use_cache=False).logits
+    if variant.startswith("no_flash_ce"):
+        from verl.utils.torch_functional import logprobs_from_logits_v2
+
+        # verl's fallback when flash-attn's cross-entropy is missing: remove padding hands it 2-D logits (a row
+        # per token); a padded batch keeps them 3-D (a row per sequence)
+        padded = variant == "no_flash_ce_padded"
+        rows = raw if padded else raw.reshape(-1, vocab)
+        log_probs = logprobs_from_logits_v2(rows, ids if padded else labels)
+        del raw, rows
+        return log_probs.sum()
     logits = raw.reshape(-1, vocab)
     if variant == "temperature":
         logits = logits / 0.7

@@ -56,6 +56,7 @@ def test_json(cli: Callable[..., CliResult]) -> None:
         "assumptions",
         "findings",
         "fit",
+        "host",
     }
     update = data["stages"][3]
     assert update["name"] == "actor update" and update["verdict"] == "fits"

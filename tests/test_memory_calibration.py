@@ -32,3 +32,14 @@ def test_cached_calibration_grid_is_within_10_percent() -> None:
         activations, logits = cm.estimate(case)
         traced = data["cases"][case.key]["traced_total"]
         assert abs(activations + logits - traced) <= 0.10 * traced, case.key
+
+
+def test_cached_variants_and_feature_cases_are_within_10_percent() -> None:
+    """Entropy, temperature, fused kernels, no flash-attn cross-entropy, Gemma-2 softcapping: each traced."""
+    data = cm.load_cache()
+    cases = [c for c in cm.variant_cases() if c.key in data["cases"]]
+    assert len(cases) == len(cm.variant_cases()), "run bench/calibrate_memory.py --variants"
+    for case in cases:
+        activations, logits = cm.estimate(case)
+        traced = data["cases"][case.key]["traced_total"]
+        assert abs(activations + logits - traced) <= 0.10 * traced, case.key

@@ -27,24 +27,57 @@ class Architecture:
     num_experts_per_tok: int = 0
     moe_intermediate_size: int = 0
     attention_bias: bool = False
+    shared_expert_intermediate_size: int = 0
+    shared_expert_gate: bool = False
+    first_k_dense_layers: int = 0
+    final_logit_softcapping: float = 0.0
+    sliding_window: int = 0
 
     @property
-    def params(self) -> int:
-        """Parameter count from the shapes (dense decoder; MoE experts counted in full)."""
-        h, f, v = self.hidden_size, self.intermediate_size, self.vocab_size
+    def expert_intermediate_size(self) -> int:
+        """Intermediate size of one routed expert (Mixtral's experts use ``intermediate_size``)."""
+        return self.moe_intermediate_size or self.intermediate_size
+
+    @property
+    def moe_layers(self) -> int:
+        """Decoder layers whose MLP is a mixture of experts (0 for a dense model)."""
+        return max(0, self.num_hidden_layers - self.first_k_dense_layers) if self.num_experts else 0
+
+    @property
+    def active_intermediate_size(self) -> int:
+        """MLP width one token passes through in an MoE layer: its routed experts plus the shared ones."""
+        routed = self.expert_intermediate_size * max(1, self.num_experts_per_tok)
+        return routed + self.shared_expert_intermediate_size
+
+    def _attention_params(self) -> int:
+        h = self.hidden_size
         q = self.num_attention_heads * self.head_dim
         kv = self.num_key_value_heads * self.head_dim
         attn = h * q + 2 * h * kv + q * h
         if self.attention_bias or self.model_type == "qwen2":
             attn += q + 2 * kv
-        if self.model_type == "qwen3":
+        if self.model_type in ("qwen3", "qwen3_moe", "gemma3", "gemma3_text"):
             attn += 2 * self.head_dim
-        mlp = 3 * h * f
-        if self.num_experts:
-            mlp = self.num_experts * 3 * h * (self.moe_intermediate_size or f) + h * self.num_experts
-        layer = attn + mlp + 2 * h
+        return attn
+
+    def _moe_mlp_params(self) -> int:
+        h, e = self.hidden_size, self.num_experts
+        routed = e * 3 * h * self.expert_intermediate_size + h * e
+        return routed + 3 * h * self.shared_expert_intermediate_size + h * int(self.shared_expert_gate)
+
+    @property
+    def params(self) -> int:
+        """Parameter count from the shapes (MoE experts counted in full, first-k dense layers dense)."""
+        h, v = self.hidden_size, self.vocab_size
+        norms = 4 * h if self.model_type.startswith("gemma") and self.model_type != "gemma" else 2 * h
+        dense = self.num_hidden_layers - self.moe_layers
+        layers = (
+            self.num_hidden_layers * (self._attention_params() + norms)
+            + dense * 3 * h * self.intermediate_size
+        )
+        layers += self.moe_layers * self._moe_mlp_params()
         embed = v * h * (1 if self.tie_word_embeddings else 2)
-        return self.num_hidden_layers * layer + embed + h
+        return layers + embed + h
 
 
 @dataclass(frozen=True)
@@ -55,6 +88,8 @@ class HardwareFacts:
     gpus_per_node: int | None = None
     gpu_memory_gb: float | None = None
     gpu_name: str | None = None
+    flash_attn: bool | None = None
+    host_memory_gb: float | None = None
 
 
 @dataclass(frozen=True)

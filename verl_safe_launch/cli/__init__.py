@@ -23,6 +23,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "upgrade": ("_upgrade", "rewrite a launch written for an older verl release for the installed one"),
     "submit": ("_submit", "pre-flight, then submit the run to an existing Ray cluster's job API"),
     "kuberay": ("_kuberay", "write a KubeRay RayJob that runs the pre-flighted launch on Kubernetes"),
+    "oom": ("_oom", "read a failed run's log: the stage that ran out and the fixes, ranked by memory freed"),
 }
 DEFAULT_VERB = "run"
 

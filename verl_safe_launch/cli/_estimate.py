@@ -128,14 +128,30 @@ def render(ctx: RuleContext, est: MemoryEstimate, fits: Sequence[KnobFit], fit: 
         f"GPU memory per GPU (GiB) for {arch.name if arch else '?'} ({arch.source if arch else ''}); GPU: {gpus}"
     ]
     lines += ["", *table(est), *(f"note: {n}" for n in est.notes), "", "peaks:"]
-    lines += [f"  {s.name:<13} {s.phase}; {s.batch}" for s in est.stages]
+    for s in est.stages:
+        lines.append(f"  {s.name:<13} {s.phase}; {s.batch}")
+        if s.phases:
+            lines.append("  " + " " * 14 + "; ".join(f"{name} {gib:.1f} GiB" for name, gib in s.phases))
+    lines += host_lines(est)
     lines += ["", "assumptions:", *(f"  - {a}" for a in est.assumptions)]
+    if est.host is not None:
+        lines += [f"  - {a}" for a in est.host.assumptions]
     findings = memory_findings(ctx, est)
     if findings:
         lines += ["", *(render_finding(f) for f in findings)]
     if fit:
         lines += ["", *fit_lines(fits, est.margin)]
     return "\n".join(lines) + "\n"
+
+
+def host_lines(est: MemoryEstimate) -> list[str]:
+    """Host RAM per node: the total against the node's memory, then the components."""
+    host = est.host
+    if host is None:
+        return []
+    limit = f" of {host.host_memory_gib:g} GiB" if host.host_memory_gib else " (host memory unknown)"
+    parts = ", ".join(f"{c} {v:.1f}" for c, v in host.components)
+    return ["", f"host RAM per node: ~{host.total:.1f} GiB{limit}: {parts}"]
 
 
 def fit_lines(fits: Sequence[KnobFit], margin: float) -> list[str]:
@@ -161,6 +177,7 @@ def _stage_json(s: StageEstimate) -> dict[str, Any]:
         "phase": s.phase,
         "batch": s.batch,
         "knob": s.knob,
+        "phases_gib": {name: round(gib, 3) for name, gib in s.phases},
     }
 
 
@@ -182,6 +199,13 @@ def to_json(ctx: RuleContext, est: MemoryEstimate, fits: Sequence[KnobFit]) -> d
             "wanted_tokens": r.wanted_tokens,
         },
         "assumptions": list(est.assumptions),
+        "host": None
+        if est.host is None
+        else {
+            "components_gib": {c: round(v, 3) for c, v in est.host.components},
+            "total_gib": round(est.host.total, 3),
+            "host_memory_gib": est.host.host_memory_gib,
+        },
         "findings": findings_json(memory_findings(ctx, est)),
         "fit": [
             {

@@ -31,11 +31,50 @@ def from_config_dict(data: dict[str, Any], name: str, source: str) -> Architectu
         tie_word_embeddings=bool(data.get("tie_word_embeddings", False)),
         head_dim=int(data.get("head_dim") or hidden // heads),
         model_type=str(data.get("model_type", "")),
-        num_experts=int(data.get("num_experts") or data.get("n_routed_experts") or 0),
-        num_experts_per_tok=int(data.get("num_experts_per_tok") or 0),
-        moe_intermediate_size=int(data.get("moe_intermediate_size") or 0),
         attention_bias=bool(data.get("attention_bias", False)),
+        final_logit_softcapping=float(data.get("final_logit_softcapping") or 0.0),
+        sliding_window=_sliding_window(data),
+        **_moe_fields(data),
     )
+
+
+EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+EXPERTS_PER_TOKEN_KEYS = ("num_experts_per_tok", "num_experts_per_token", "moe_topk")
+
+
+def _first_int(data: dict[str, Any], keys: tuple[str, ...]) -> int:
+    for key in keys:
+        value = data.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return 0
+
+
+def _moe_fields(data: dict[str, Any]) -> dict[str, Any]:
+    """Mixture-of-experts numbers under every spelling (Mixtral, Qwen2/3-MoE, DeepSeek); empty for dense."""
+    experts = _first_int(data, EXPERT_COUNT_KEYS)
+    if not experts:
+        return {}
+    moe = int(data.get("moe_intermediate_size") or 0)
+    shared = int(data.get("shared_expert_intermediate_size") or 0)
+    if not shared and data.get("n_shared_experts"):
+        shared = int(data["n_shared_experts"]) * (moe or int(data.get("intermediate_size") or 0))
+    return {
+        "num_experts": experts,
+        "num_experts_per_tok": _first_int(data, EXPERTS_PER_TOKEN_KEYS) or 1,
+        "moe_intermediate_size": moe,
+        "shared_expert_intermediate_size": shared,
+        "shared_expert_gate": bool(data.get("shared_expert_intermediate_size")),
+        "first_k_dense_layers": int(data.get("first_k_dense_replace") or 0),
+    }
+
+
+def _sliding_window(data: dict[str, Any]) -> int:
+    """The attention window in tokens when sliding-window attention is on (0: full attention everywhere)."""
+    if data.get("use_sliding_window") is False:
+        return 0
+    value = data.get("sliding_window")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 @functools.cache

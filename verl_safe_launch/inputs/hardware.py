@@ -18,7 +18,7 @@ from verl_safe_launch.findings import Finding, Severity
 from verl_safe_launch.inputs.overrides import ToolSettings
 from verl_safe_launch.provenance import Layer, Source, Write
 
-T = TypeVar("T", int, float, str)
+T = TypeVar("T", bool, int, float, str)
 
 DETECT_ENV = "VSL_HARDWARE_DETECT"
 """Set to 0 to ignore the environment (Slurm, CUDA_VISIBLE_DEVICES, nvidia-smi); tokens still count."""
@@ -53,6 +53,8 @@ class HardwareProfile:
     gpu_memory_gb: Fact[float] | None = None
     gpu_name: Fact[str] | None = None
     notes: tuple[str, ...] = ()
+    flash_attn: Fact[bool] | None = None
+    host_memory_gb: Fact[float] | None = None
 
     def facts(self) -> HardwareFacts:
         """The plain values the rules read (None where unknown)."""
@@ -61,6 +63,8 @@ class HardwareProfile:
             gpus_per_node=self.gpus_per_node.value if self.gpus_per_node else None,
             gpu_memory_gb=self.gpu_memory_gb.value if self.gpu_memory_gb else None,
             gpu_name=self.gpu_name.value if self.gpu_name else None,
+            flash_attn=self.flash_attn.value if self.flash_attn else None,
+            host_memory_gb=self.host_memory_gb.value if self.host_memory_gb else None,
         )
 
 
@@ -79,6 +83,10 @@ def detect_hardware(tool: ToolSettings, env: Mapping[str, str] | None = None) ->
         gpu_memory_gb=declared.gpu_memory_gb or smi.gpu_memory_gb,
         gpu_name=declared.gpu_name or smi.gpu_name or slurm.gpu_name,
         notes=tuple(notes) + smi.notes,
+        flash_attn=declared.flash_attn or _flash_attn_installed(env),
+        host_memory_gb=declared.host_memory_gb
+        or _slurm_memory(env)
+        or (_meminfo() if smi.gpus_per_node else None),
     )
 
 
@@ -109,6 +117,8 @@ def as_profile(tool: ToolSettings, hardware: HardwareFacts | HardwareProfile | N
         fact(hardware.gpus_per_node),
         fact(hardware.gpu_memory_gb),
         fact(hardware.gpu_name),
+        flash_attn=fact(hardware.flash_attn),
+        host_memory_gb=fact(hardware.host_memory_gb),
     )
 
 
@@ -126,6 +136,10 @@ def _from_tokens(tool: ToolSettings) -> HardwareProfile:
             hw, "gpu_memory_gb", _positive_float, "a positive number of GB", "hardware.gpu_memory_gb=80"
         ),
         gpu_name=_token(hw, "gpu_name", _non_empty, "a non-empty name", "hardware.gpu_name=H100"),
+        flash_attn=_token(hw, "flash_attn", _boolean, "true or false", "hardware.flash_attn=false"),
+        host_memory_gb=_token(
+            hw, "host_memory_gb", _positive_float, "a positive number of GB", "hardware.host_memory_gb=512"
+        ),
     )
 
 
@@ -163,6 +177,56 @@ def _positive_float(text: str) -> float | None:
 
 def _non_empty(text: str) -> str | None:
     return text or None
+
+
+def _boolean(text: str) -> bool | None:
+    return {"true": True, "false": False}.get(text.lower())
+
+
+# --- the software and host memory of this machine --------------------------------------------------------
+
+
+FLASH_CE_OFF = "VERL_DISABLE_FLASH_ATTN_CE"
+
+
+def _flash_attn_installed(env: Mapping[str, str]) -> Fact[bool]:
+    """Whether verl will use flash-attn's cross-entropy: importable here and not switched off."""
+    import importlib.util
+
+    if env.get(FLASH_CE_OFF) == "1":
+        return Fact(False, Source(Layer.HARDWARE, reason=f"detected: {FLASH_CE_OFF}=1 in the environment"))
+    found = importlib.util.find_spec("flash_attn") is not None
+    what = "importable" if found else "not importable"
+    return Fact(found, Source(Layer.HARDWARE, reason=f"detected: flash_attn is {what} in this Python"))
+
+
+_SLURM_MEM = re.compile(r"^(\d+)([KMGT]?)$")
+_MEM_UNIT_GIB = {"K": 1 / (1 << 20), "M": 1 / 1024, "": 1 / 1024, "G": 1.0, "T": 1024.0}
+
+
+def _slurm_memory(env: Mapping[str, str]) -> Fact[float] | None:
+    """Host memory of the job on one node from ``SLURM_MEM_PER_NODE`` (``--mem``; MiB unless suffixed)."""
+    text = env.get("SLURM_MEM_PER_NODE", "").strip().upper()
+    match = _SLURM_MEM.match(text)
+    if not match or int(match.group(1)) == 0:
+        return None
+    gib = round(int(match.group(1)) * _MEM_UNIT_GIB[match.group(2)], 1)
+    return Fact(gib, Source(Layer.HARDWARE, reason=f"detected: SLURM_MEM_PER_NODE={text} (sbatch --mem)"))
+
+
+def _meminfo(path: str = "/proc/meminfo") -> Fact[float] | None:
+    """Host memory of this machine from ``/proc/meminfo`` (MemTotal, KiB); read only where nvidia-smi found GPUs,
+    so that a login node's memory is not taken for the training nodes'."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+    except OSError:
+        return None
+    match = re.search(r"^MemTotal:\s+(\d+)\s*kB", text, re.M)
+    if not match:
+        return None
+    gib = round(int(match.group(1)) / (1 << 20), 1)
+    return Fact(gib, Source(Layer.HARDWARE, reason=f"detected: {path} MemTotal"))
 
 
 # --- Slurm allocation and visible devices ----------------------------------------------------------------

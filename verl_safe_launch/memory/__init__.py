@@ -11,6 +11,7 @@ from verl_safe_launch.memory.estimate import (
     estimate_memory,
 )
 from verl_safe_launch.memory.fit import KnobFit, candidates, fit_knobs
+from verl_safe_launch.memory.host import HostEstimate, host_estimate, host_findings
 from verl_safe_launch.memory.terms import (
     GIB,
     Entropy,
@@ -27,6 +28,7 @@ __all__ = [
     "DEFAULT_OVERHEAD_GIB",
     "GIB",
     "Entropy",
+    "HostEstimate",
     "KnobFit",
     "MemoryEstimate",
     "Pass",
@@ -34,6 +36,8 @@ __all__ = [
     "candidates",
     "estimate_memory",
     "fit_knobs",
+    "host_estimate",
+    "host_findings",
     "kv_bytes_per_token",
     "layer_saved",
     "logits_bytes",

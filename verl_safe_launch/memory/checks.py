@@ -6,8 +6,9 @@ from collections.abc import Mapping
 
 from verl_safe_launch.context import RuleContext
 from verl_safe_launch.findings import Finding, Severity
-from verl_safe_launch.memory.estimate import MemoryEstimate, StageEstimate, estimate_memory
+from verl_safe_launch.memory.estimate import UNVERIFIED, MemoryEstimate, StageEstimate, estimate_memory
 from verl_safe_launch.memory.fit import KnobFit, fit_knobs
+from verl_safe_launch.memory.host import host_findings
 from verl_safe_launch.memory.rollout import MAX_MODEL_LEN_KEY, TP_KEY, UTIL_KEY, RolloutFacts
 from verl_safe_launch.memory.terms import GIB
 from verl_safe_launch.rules import KeyFix, batch_plan, render_fix, set_fix, sources
@@ -19,6 +20,7 @@ KV_ONE, KV_CONCURRENCY, WEIGHTS = (
     "rollout-weights-per-rank",
 )
 UNKNOWN = "memory-model-unknown"
+UNVERIFIED_ID = "memory-stage-unverified"
 
 
 def memory_findings(ctx: RuleContext, estimate: MemoryEstimate | None = None) -> list[Finding]:
@@ -33,6 +35,7 @@ def memory_findings(ctx: RuleContext, estimate: MemoryEstimate | None = None) ->
     if est.rollout is not None:
         out.extend(_rollout(ctx, est.rollout, gpu))
     out.extend(_verdicts(ctx, est))
+    out.extend(host_findings(est.host))
     return out
 
 
@@ -99,6 +102,8 @@ def _verdicts(ctx: RuleContext, est: MemoryEstimate) -> list[Finding]:
     out: list[Finding] = []
     fits: dict[str, KnobFit] | None = None
     for stage in est.stages:
+        if stage.verdict == UNVERIFIED:
+            out.append(_unverified(ctx, est, stage))
         if stage.verdict not in ("out of memory", "tight"):
             continue
         if fits is None and stage.name != "rollout":
@@ -124,6 +129,20 @@ def _verdict(
     text = f"{fix} (est. {fit.peak_gib:.1f} GiB)" if fit and fix else _no_fit_fix(stage, fit)
     keys = (stage.knob,) if stage.knob else ()
     return _finding(ctx, OOM if oom else TIGHT, Severity.ERROR if oom else Severity.WARNING, keys, msg, text)
+
+
+def _unverified(ctx: RuleContext, est: MemoryEstimate, stage: StageEstimate) -> Finding:
+    arch = ctx.actor_arch.model_type if ctx.actor_arch else "unknown"
+    msg = (
+        f"{stage.name} needs ~{stage.total:.1f} GiB per GPU, but the band {stage.low:.1f}–{stage.high:.1f} "
+        f"straddles {est.gpu_memory_gib or 0:g} GiB and architecture family '{arch}' has not been traced: "
+        "no verdict"
+    )
+    fix = (
+        "lower the stage's micro batch until the band's upper edge is under the GPU size, or measure one step"
+    )
+    keys = (stage.knob,) if stage.knob else ()
+    return _finding(ctx, UNVERIFIED_ID, Severity.WARNING, keys, msg, fix)
 
 
 def _no_fit_fix(stage: StageEstimate, fit: KnobFit | None) -> str:

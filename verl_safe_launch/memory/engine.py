@@ -43,6 +43,7 @@ class Engine:
     reshard_after_forward: bool
     forward_prefetch: bool
     megatron: bool
+    flash_ce: bool = True
 
     @property
     def value_head(self) -> bool:
@@ -148,8 +149,8 @@ def entropy_mode(engine: Engine, wanted: bool) -> Entropy:
     return Entropy.COMPILED if engine.compile_entropy else Entropy.EAGER
 
 
-def make_pass(spec: StageSpec, tokens: int) -> Pass:
-    """The per-micro-batch description the byte formulas take."""
+def make_pass(spec: StageSpec, tokens: int, seq_len: int = 1) -> Pass:
+    """The per-micro-batch description the byte formulas take (``seq_len``: one padded sequence per GPU)."""
     e = spec.engine
     return Pass(
         tokens=tokens,
@@ -165,6 +166,9 @@ def make_pass(spec: StageSpec, tokens: int) -> Pass:
         activation_offload=e.activation_offload and spec.backward,
         mlp_shards=e.mlp_shards,
         liger=e.liger,
+        flash_ce=e.flash_ce,
+        row_tokens=1 if e.remove_padding else max(1, seq_len // max(1, e.sp)),
+        softcap=bool(e.arch.final_logit_softcapping) and not e.value_head,
     )
 
 

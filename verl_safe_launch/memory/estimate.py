@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 from verl_safe_launch.config_view import ARR
 from verl_safe_launch.context import RuleContext
 from verl_safe_launch.memory.engine import Engine, StageSpec, make_pass, read_engine, stage_specs
+from verl_safe_launch.memory.host import HostEstimate, host_estimate
 from verl_safe_launch.memory.rollout import Finish, RolloutFacts, rollout_facts, rollout_stage
 from verl_safe_launch.memory.terms import BF16, FP32, GIB, coeffs_for, layer_params, pass_peak, root_params
 from verl_safe_launch.rules import BatchPlan, batch_plan
@@ -52,6 +53,8 @@ class StageEstimate:
     low: float
     high: float
     verdict: str | None = None
+    phases: tuple[tuple[str, float], ...] = ()
+    batch_gib: float = 0.0  # activations and logits of one micro batch at its peak
 
     @property
     def total(self) -> float:
@@ -74,6 +77,7 @@ class MemoryEstimate:
     missing: str | None = None
     rollout: RolloutFacts | None = None
     notes: tuple[str, ...] = field(default=())
+    host: HostEstimate | None = None
 
     def stage(self, name: str) -> StageEstimate | None:
         """The estimate of one stage by name."""
@@ -85,6 +89,9 @@ class MemoryEstimate:
         return max(self.stages, key=lambda s: s.total, default=None)
 
 
+UNVERIFIED = "unverified"
+
+
 def verdict(total: float, gpu: float | None, margin: float) -> str | None:
     """``fits`` with the margin, ``tight`` (fits without it), ``out of memory``; None without a GPU size."""
     if gpu is None:
@@ -92,6 +99,15 @@ def verdict(total: float, gpu: float | None, margin: float) -> str | None:
     if total * (1 + margin) <= gpu:
         return "fits"
     return "tight" if total <= gpu else "out of memory"
+
+
+def band_verdict(total: float, low: float, high: float, gpu: float | None, margin: float) -> str | None:
+    """The verdict of an untraced architecture: only what the whole band agrees on, else ``unverified``."""
+    if gpu is None:
+        return None
+    if high <= gpu:
+        return verdict(total, gpu, margin)
+    return "out of memory" if low > gpu else UNVERIFIED
 
 
 def finish(
@@ -102,10 +118,13 @@ def finish(
     total = sum(v for _, v in gib)
     wide = {"activations", "logits and temporaries"} if not ctx.calibrated else set()
     spread = sum(v * (UNCALIBRATED if c in wide else UNCERTAINTY[c]) for c, v in gib)
-    high = total + spread + FRAGMENTATION * total
-    return StageEstimate(
-        name, gib, phase, batch, knob, total - spread, high, verdict(total, ctx.gpu, ctx.margin)
+    high, low = total + spread + FRAGMENTATION * total, total - spread
+    judged = (
+        verdict(total, ctx.gpu, ctx.margin)
+        if ctx.calibrated
+        else band_verdict(total, low, high, ctx.gpu, ctx.margin)
     )
+    return StageEstimate(name, gib, phase, batch, knob, low, high, judged)
 
 
 @dataclass(frozen=True)
@@ -124,6 +143,7 @@ class Settings:
     specs: tuple[StageSpec, ...]
     notes: tuple[str, ...] = ()
     optimizer: str = "AdamW"
+    logits_path: str = ""
 
 
 def resident(engine: Engine | None, stage: str, running: bool) -> dict[str, float]:
@@ -170,13 +190,19 @@ def training_stage(spec: StageSpec, s: Settings) -> StageEstimate:
     e = spec.engine
     base = _base(spec, s)
     tokens = spec.tokens(s.seq_len)
-    peak = pass_peak(e.arch, make_pass(spec, tokens))
+    peak = pass_peak(e.arch, make_pass(spec, tokens, s.seq_len))
     during = {"gathered parameters": gathered(e, spec.backward), "activations": peak.activations}
     during["logits and temporaries"] = peak.logits
     parts, phase = add(base, during), peak.phase
-    if spec.backward:
-        parts, phase = _max_phase(parts, phase, base, e)
-    return finish(spec.name, parts, phase, spec.describe(s.seq_len), spec.knob, s)
+    if not spec.backward:
+        stage = finish(spec.name, parts, phase, spec.describe(s.seq_len), spec.knob, s)
+        return replace(stage, batch_gib=peak.total / GIB)
+    options = _phases(parts, phase, base, e)
+    parts, phase = max(options, key=lambda o: sum(o[0].values()))
+    stage = finish(spec.name, parts, phase, spec.describe(s.seq_len), spec.knob, s)
+    named = zip(UPDATE_PHASES, options, strict=True)
+    phases = tuple((name, sum(o[0].values()) / GIB) for name, o in named)
+    return replace(stage, phases=phases, batch_gib=peak.total / GIB)
 
 
 def _base(spec: StageSpec, s: Settings) -> dict[str, float]:
@@ -188,15 +214,16 @@ def _base(spec: StageSpec, s: Settings) -> dict[str, float]:
     )
 
 
-def _max_phase(
-    parts: dict[str, float], phase: str, base: dict[str, float], e: Engine
-) -> tuple[dict[str, float], str]:
-    """The micro-batch peak vs the end of backward (head gradients reduced in fp32) and the optimizer step."""
+Phase = tuple[dict[str, float], str]
+UPDATE_PHASES = ("micro batch", "end of backward", "optimizer step")
+
+
+def _phases(parts: dict[str, float], phase: str, base: dict[str, float], e: Engine) -> list[Phase]:
+    """The micro-batch peak, the end of backward (head gradients reduced in fp32) and the optimizer step."""
     root = root_params(e.arch, e.value_head) if not e.lora_rank else 0
     reduce = add(base, {"gathered parameters": (BF16 + BF16 + FP32) * root})
     step = add(base, {"logits and temporaries": e.trainable * e.dtype_bytes / e.shards})
-    options = [(parts, phase), (reduce, "end of backward (head gradient reduce)"), (step, "optimizer step")]
-    return max(options, key=lambda o: sum(o[0].values()))
+    return [(parts, phase), (reduce, "end of backward (head gradient reduce)"), (step, "optimizer step")]
 
 
 def assumptions(s: Settings, specs: list[StageSpec], rollout: RolloutFacts | None) -> tuple[str, ...]:
@@ -211,7 +238,7 @@ def assumptions(s: Settings, specs: list[StageSpec], rollout: RolloutFacts | Non
         "the update" + _offload(a),
         "mixed precision: bf16 compute, layers all-gathered one unit at a time (head unit kept during forward)",
         "gradient checkpointing " + ("on: one layer input kept per layer" if a.checkpointing else "off"),
-        "log-probs: flash-attn cross-entropy (in-place gradient; verl[fsdp] installs flash-attn)",
+        s.logits_path,
         _entropy_line(a),
         "ref model: parameters on the CPU between layers (verl forces CPU offload for forward-only engines)",
         f"fixed overhead {s.overhead:g} GiB per process: the trainer and the sleeping rollout server",
@@ -229,7 +256,10 @@ def assumptions(s: Settings, specs: list[StageSpec], rollout: RolloutFacts | Non
     if a.megatron:
         lines.append("model_engine=megatron: modelled as FSDP with the same sharding (indicative only)")
     if not coeffs_for(a.arch)[1]:
-        lines.append(f"architecture family '{a.arch.model_type}' not calibrated: Llama constants, wider band")
+        lines.append(
+            f"architecture family '{a.arch.model_type}' not traced: Llama constants, activations and logits "
+            f"±{UNCALIBRATED:.0%}; a stage whose band straddles the GPU size is '{UNVERIFIED}', not 'fits'"
+        )
     if any(spec.dynamic for spec in specs):
         lines.append("dynamic batch size: a micro batch fills its token budget")
     if rollout is not None:
@@ -264,10 +294,15 @@ def prepare(ctx: RuleContext, margin: float, overhead_gib: float) -> Settings | 
     if ctx.actor_arch is None:
         return _unknown(view.get(MODEL_KEY["actor"]), "actor")
     gpus = plan.gpus or 1
-    actor = read_engine(view, "actor", ctx.actor_arch, gpus)
+    flash, path = logits_path(ctx)
+    actor = replace(read_engine(view, "actor", ctx.actor_arch, gpus), flash_ce=flash)
     ref = None
     if plan.use_ref:
-        ref = actor if actor.lora_rank else read_engine(view, "ref", ctx.actor_arch, gpus)
+        ref = (
+            actor
+            if actor.lora_rank
+            else replace(read_engine(view, "ref", ctx.actor_arch, gpus), flash_ce=flash)
+        )
     critic: Engine | None = None
     notes: tuple[str, ...] = ()
     if plan.use_critic and ctx.critic_arch is None:
@@ -292,7 +327,32 @@ def prepare(ctx: RuleContext, margin: float, overhead_gib: float) -> Settings | 
         notes,
     )
     optimizer = str(view.get(f"{ARR}.actor.optim.optimizer") or "AdamW")
-    return replace(s, specs=tuple(stage_specs(view, plan, actor, ref, critic)), optimizer=optimizer)
+    specs = tuple(stage_specs(view, plan, actor, ref, critic))
+    return replace(s, specs=specs, optimizer=optimizer, logits_path=path)
+
+
+FLASH_CE_ENV_KEY = "ray_kwargs.ray_init.runtime_env.env_vars.VERL_DISABLE_FLASH_ATTN_CE"
+
+
+def logits_path(ctx: RuleContext) -> tuple[bool, str]:
+    """Whether verl computes log-probs with flash-attn's cross-entropy, and the assumption line saying why."""
+    fallback = "verl's logprobs_from_logits_v2 (row-wise log_softmax, a saved copy and a separate gradient)"
+    if ctx.view.get(f"{ARR}.model.use_fused_kernels") is True:
+        return (
+            True,
+            "log-probs: fused kernels (use_fused_kernels): flash-attn's cross-entropy is not involved",
+        )
+    if str(ctx.view.get(FLASH_CE_ENV_KEY)) == "1":
+        return False, f"log-probs: {fallback}: VERL_DISABLE_FLASH_ATTN_CE=1 in the workers' runtime env"
+    flash = ctx.hardware.flash_attn
+    if flash is None:
+        return True, (
+            "log-probs: flash-attn cross-entropy assumed (in-place gradient; not detected: set "
+            "hardware.flash_attn=false where flash-attn is missing or VERL_DISABLE_FLASH_ATTN_CE=1)"
+        )
+    if flash:
+        return True, "log-probs: flash-attn cross-entropy (in-place gradient; hardware.flash_attn=true)"
+    return False, f"log-probs: {fallback}: flash-attn cross-entropy not used (hardware.flash_attn=false)"
 
 
 def estimate_memory(
@@ -307,7 +367,18 @@ def estimate_memory(
     stages = [rollout_stage(facts, _base_rollout(s), s.overhead, finish_fn(s))]
     stages += [_pooled(training_stage(spec, s), facts, s) for spec in s.specs]
     lines = assumptions(s, list(s.specs), facts)
-    return MemoryEstimate(tuple(stages), lines, s.gpu, margin, rollout=facts, notes=s.notes)
+    host = _host(ctx, s)
+    return MemoryEstimate(tuple(stages), lines, s.gpu, margin, rollout=facts, notes=s.notes, host=host)
+
+
+def _host(ctx: RuleContext, s: Settings) -> HostEstimate:
+    engines = [
+        s.actor,
+        *(sp.engine for sp in s.specs if sp.engine.role == "ref" and sp.engine is not s.actor),
+    ]
+    engines += [s.critic] if s.critic is not None else []
+    per_node = s.plan.gpus_per_node or ctx.hardware.gpus_per_node or 1
+    return host_estimate(ctx.view, tuple(engines), per_node, ctx.hardware.host_memory_gb)
 
 
 def stage_at(
@@ -353,7 +424,11 @@ def _pooled(stage: StageEstimate, facts: RolloutFacts, s: Settings) -> StageEsti
         return stage
     parts = {c: v * GIB for c, v in stage.components}
     parts["KV cache"] = parts.get("KV cache", 0.0) + facts.pool_bytes
-    return finish(stage.name, parts, stage.phase, stage.batch, stage.knob, s)
+    pooled = finish(stage.name, parts, stage.phase, stage.batch, stage.knob, s)
+    extra = facts.pool_bytes / GIB
+    return replace(
+        pooled, phases=tuple((name, v + extra) for name, v in stage.phases), batch_gib=stage.batch_gib
+    )
 
 
 def _unknown(path: object, role: str) -> str:

@@ -35,12 +35,25 @@ class LayerCoeffs:
 # Llama and Qwen2 layers save the same tensors (Qwen2's q/k/v biases save nothing); Qwen3 adds q/k RMSNorm.
 LLAMA = LayerCoeffs(hidden=16, q=4, kv=4, mlp=8, heads=4, kv_heads=0, const=8)
 QWEN3 = LayerCoeffs(hidden=16, q=10, kv=10, mlp=8, heads=8, kv_heads=4, const=8, q_norm=True)
+# Gemma-2 wraps attention and MLP in two more RMSNorms (post-attention, post-feedforward), each keeping fp32
+# copies: +20 bytes × hidden per token (traced on gemma-2-2b without checkpointing, bench/calibrate_memory.py).
+GEMMA2 = LayerCoeffs(hidden=36, q=4, kv=4, mlp=8, heads=4, kv_heads=0, const=8)
 FAMILIES: dict[str, LayerCoeffs] = {
     "llama": LLAMA,
     "qwen2": LLAMA,
     "mistral": LLAMA,
     "qwen3": QWEN3,
+    "gemma2": GEMMA2,
+    "mixtral": LLAMA,
+    "qwen3_moe": QWEN3,
 }
+# Mixture-of-experts layers (traced on Mixtral-8x7B and a Qwen3-MoE-shaped config, bench/calibrate_memory.py): the MLP terms take the
+# routed top-k plus shared width; each token's k routed copies of the hidden state add 4·k·h bytes saved for
+# backward and as much again in backward; the forward peaks on the experts' gate/up outputs, 8 bytes per unit of
+# active width, beside the routed copies.
+MOE_SAVED = 4
+MOE_BACKWARD = 4
+MOE_FORWARD = 8
 
 
 class Entropy(StrEnum):
@@ -69,6 +82,15 @@ ENTROPY_CHECKPOINTED_GRAD = 14.0  # recomputed in backward: the same peak as eag
 CHUNK_BYTES_PER_ENTRY = {False: 12.0, True: 16.0}  # one chunk's fp32 copy, softmax, product (and gradients)
 FUSED_BYTES_PER_ENTRY = {False: 12.0, True: 24.0}  # fused kernels: one 512-token chunk's fp32 temporaries
 PER_TOKEN_LOGPROB = 8  # fp32 log-prob and log-sum-exp per token
+# Without flash-attn's cross-entropy verl runs logprobs_from_logits_v2: a log_softmax per row of the logits (a row
+# is one token with remove padding, one sequence without). Traced (bench/calibrate_memory.py --variants): the
+# forward keeps two rows' outputs beside the logits (the last one and the one being computed); with a backward
+# every row's output is saved, one more bf16 copy of the whole logits, and the gradient is not written in place.
+NO_FLASH_ROWS_LIVE = 2
+NO_FLASH_GRAD_BYTES = 2.0
+# Final-logit softcapping (Gemma-2/3: tanh(logits / cap) × cap) makes one more bf16 full-vocabulary copy in the
+# forward, and the update also keeps tanh's output for backward (traced on gemma-2-2b).
+SOFTCAP_BYTES = {False: 2.0, True: 4.0}
 
 
 @dataclass(frozen=True)
@@ -88,6 +110,9 @@ class Pass:
     activation_offload: bool = False
     mlp_shards: int = 1
     liger: bool = False
+    flash_ce: bool = True
+    row_tokens: int = 1
+    softcap: bool = False
 
 
 @dataclass(frozen=True)
@@ -110,10 +135,15 @@ def coeffs_for(arch: Architecture) -> tuple[LayerCoeffs, bool]:
     return (coeffs, True) if coeffs is not None else (LLAMA, False)
 
 
+def mlp_width(arch: Architecture) -> int:
+    """MLP intermediate width one token passes through (routed top-k plus shared experts in MoE layers)."""
+    return arch.active_intermediate_size if arch.moe_layers else arch.intermediate_size
+
+
 def _dims(arch: Architecture, p: Pass) -> tuple[int, int, int, float, int]:
     q = arch.num_attention_heads * arch.head_dim
     kv = arch.num_key_value_heads * arch.head_dim
-    f = arch.moe_intermediate_size * arch.num_experts_per_tok if arch.num_experts else arch.intermediate_size
+    f = mlp_width(arch)
     return arch.hidden_size, q, kv, f / max(1, p.mlp_shards), arch.head_dim
 
 
@@ -131,15 +161,22 @@ def layer_saved(arch: Architecture, p: Pass) -> float:
         + c.heads * arch.num_attention_heads
         + c.kv_heads * arch.num_key_value_heads
         + c.const
+        + _routed(arch, MOE_SAVED)
     )
+
+
+def _routed(arch: Architecture, coeff: int) -> int:
+    """Bytes per token for the k routed copies of the hidden state in an MoE layer (0 for dense)."""
+    return coeff * arch.num_experts_per_tok * arch.hidden_size if arch.moe_layers else 0
 
 
 def layer_backward_extra(arch: Architecture, p: Pass) -> float:
     """Bytes per token of one layer's backward beyond what it saved (measured)."""
     h, _q, _kv, f, d = _dims(arch, p)
+    routed = _routed(arch, MOE_BACKWARD)
     if p.checkpointing:
-        return max(6 * h, 2 * f + 2 * h) + 4 * d + 20
-    return max(20 * h, 4 * f + 2 * h) + 4 * d + 20
+        return max(6 * h, 2 * f + 2 * h) + 4 * d + 20 + routed
+    return max(20 * h, 4 * f + 2 * h) + 4 * d + 20 + routed
 
 
 def layer_forward_peak(arch: Architecture, p: Pass) -> float:
@@ -147,7 +184,8 @@ def layer_forward_peak(arch: Architecture, p: Pass) -> float:
     c, _ = coeffs_for(arch)
     h, q, _kv, f, d = _dims(arch, p)
     attention = 6 * h + 10 * q if c.q_norm else 0
-    return max(14 * h, 4 * f + 8 * h, attention) + 4 * d + 8
+    experts = MOE_FORWARD * f + _routed(arch, MOE_SAVED) + 2 * h if arch.moe_layers else 0
+    return max(14 * h, 4 * f + 8 * h, attention, experts) + 4 * d + 8
 
 
 def head_saved(arch: Architecture) -> float:
@@ -169,9 +207,15 @@ def logits_bytes(p: Pass, hidden: int) -> float:
     if p.fused_kernels:
         chunk = FUSED_BYTES_PER_ENTRY[p.backward] * min(t, FUSED_CHUNK_TOKENS) * v
         return chunk + weight_grad + PER_TOKEN_LOGPROB * t
-    copies = BF16 * (1 + int(p.temperature_copy) + int(p.packed_copy))
-    entropy = Entropy.EAGER if p.packed_copy and p.entropy is not Entropy.NONE else p.entropy
+    packed = p.packed_copy and p.flash_ce  # the flash kernel takes 2-D logits: a padded batch is copied
+    copies = BF16 * (1 + int(p.temperature_copy) + int(packed))
+    entropy = Entropy.EAGER if packed and p.entropy is not Entropy.NONE else p.entropy
     extra = LOGIT_EXTRA[(entropy, p.backward)] * t * v
+    if not p.flash_ce:
+        rows = NO_FLASH_GRAD_BYTES * t if p.backward else BF16 * NO_FLASH_ROWS_LIVE * min(t, p.row_tokens)
+        extra += rows * v
+    if p.softcap:
+        extra += SOFTCAP_BYTES[p.backward] * t * v
     if entropy is Entropy.CHUNKED:
         extra += CHUNK_BYTES_PER_ENTRY[p.backward] * min(t, p.entropy_chunk) * v
     if p.backward and p.entropy_checkpointing and entropy is not Entropy.NONE:
@@ -231,7 +275,7 @@ def kv_bytes_per_token(arch: Architecture, tp: int, dtype_bytes: int = BF16) -> 
 
 def engine_activation_bytes(arch: Architecture, tp: int, batched_tokens: int, max_seqs: int) -> float:
     """The inference engine's profiled peak: one forward of ``batched_tokens`` plus sampling ``max_seqs`` rows."""
-    h, f = arch.hidden_size, arch.intermediate_size
+    h, f = arch.hidden_size, mlp_width(arch)
     q = arch.num_attention_heads * arch.head_dim
     per_token = BF16 * (4 * h + (4 * f + 2 * q) / max(1, tp))
     sampler = 3 * FP32 * max_seqs * arch.vocab_size

@@ -1,0 +1,135 @@
+"""Architecture features read from config.json: MoE under every spelling, softcapping, sliding window, ties."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from conftest import EXAMPLES, CliResult
+
+from verl_safe_launch.inputs import load_architecture
+from verl_safe_launch.inputs.architecture import bundled_table, from_config_dict
+
+MIXTRAL = "mistralai/Mixtral-8x7B-v0.1"
+EIGHT_GPUS = (
+    f"actor_rollout_ref.model.path={MIXTRAL}",
+    "trainer.n_gpus_per_node=8",
+    "data.train_batch_size=64",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=64",
+    "actor_rollout_ref.rollout.n=8",
+    "hardware.gpu_memory_gb=80",
+)
+
+
+@pytest.fixture(autouse=True)
+def declared_hardware_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VSL_HARDWARE_DETECT", "0")
+
+
+@pytest.mark.parametrize("name", sorted(k for k, v in bundled_table().items() if "computed_param_count" in v))
+def test_parameter_count_matches_the_table(name: str) -> None:
+    arch = load_architecture(name)
+    assert arch is not None
+    assert arch.params == bundled_table()[name]["computed_param_count"]
+
+
+DENSE = {
+    "hidden_size": 64,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "intermediate_size": 256,
+    "vocab_size": 1000,
+}
+
+
+@pytest.mark.parametrize(
+    ("extra", "experts", "per_token", "shared", "dense_layers"),
+    [
+        ({"num_local_experts": 8, "num_experts_per_tok": 2}, 8, 2, 0, 0),  # Mixtral
+        (
+            {"num_experts": 16, "num_experts_per_tok": 4, "moe_intermediate_size": 32},
+            16,
+            4,
+            0,
+            0,
+        ),  # Qwen3-MoE
+        (  # Qwen2-MoE: one gated shared expert
+            {"num_experts": 8, "num_experts_per_tok": 2, "shared_expert_intermediate_size": 128},
+            8,
+            2,
+            128,
+            0,
+        ),
+        (  # DeepSeek: shared experts counted in moe_intermediate_size units, first layers dense
+            {
+                "n_routed_experts": 8,
+                "num_experts_per_tok": 2,
+                "moe_intermediate_size": 32,
+                "n_shared_experts": 2,
+            }
+            | {"first_k_dense_replace": 1},
+            8,
+            2,
+            64,
+            1,
+        ),
+    ],
+)
+def test_moe_under_every_spelling(
+    extra: dict[str, Any], experts: int, per_token: int, shared: int, dense_layers: int
+) -> None:
+    arch = from_config_dict({**DENSE, **extra}, "m", "test")
+    assert (arch.num_experts, arch.num_experts_per_tok) == (experts, per_token)
+    assert arch.shared_expert_intermediate_size == shared
+    assert arch.moe_layers == 4 - dense_layers
+    dense = from_config_dict(DENSE, "d", "test")
+    assert arch.params > dense.params  # experts are counted in full
+
+
+def test_sliding_window_only_when_used() -> None:
+    assert from_config_dict({**DENSE, "sliding_window": 4096}, "m", "t").sliding_window == 4096
+    off = {
+        **DENSE,
+        "sliding_window": 4096,
+        "use_sliding_window": False,
+    }  # Qwen2 configs carry a window, unused
+    assert from_config_dict(off, "m", "t").sliding_window == 0
+
+
+def test_mixtral_from_the_table() -> None:
+    arch = load_architecture(MIXTRAL)
+    assert arch is not None and arch.num_experts == 8 and arch.expert_intermediate_size == 14336
+    assert round(arch.params / 1e9, 1) == 46.7  # the published total
+
+
+def test_mixtral_over_eight_gpus_is_no_go_without_offload(cli: Callable[..., CliResult]) -> None:
+    example = str(EXAMPLES / "grpo_6gpu.yaml")
+    r = cli("estimate", "--format", "json", "-c", example, *EIGHT_GPUS)
+    assert r.code == 0, r.err
+    import json
+
+    stages = {s["name"]: s for s in json.loads(r.out)["stages"]}
+    update = stages["actor update"]
+    assert update["components_gib"]["parameters"] == pytest.approx(21.7, abs=0.1)
+    assert update["verdict"] == "out of memory"
+    check = cli("check", "-c", example, *EIGHT_GPUS)
+    assert check.code != 0
+    assert "NO-GO" in check.out and "actor update needs" in check.out
+
+
+def test_parameter_count_agrees_with_transformers() -> None:
+    """The shapes formula against the real model classes built on the meta device (no weights)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    for name in (MIXTRAL, "google/gemma-2-2b"):
+        table = bundled_table()[name]
+        keys = set(DENSE) | {"head_dim", "tie_word_embeddings", "num_local_experts", "num_experts_per_tok"}
+        kwargs = {k: v for k, v in table.items() if k in keys}
+        config = transformers.AutoConfig.for_model(table["model_type"], **kwargs)
+        with torch.device("meta"):
+            model = transformers.AutoModelForCausalLM.from_config(config)
+        counted = sum(p.numel() for p in model.parameters())
+        arch = load_architecture(name)
+        assert arch is not None and arch.params == counted, name

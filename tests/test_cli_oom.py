@@ -1,0 +1,166 @@
+"""The ``oom`` verb: torch's and the engines' messages in real log shapes, the stage, and the ranked checklist."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from conftest import DATA, EXAMPLES, CliResult
+
+from verl_safe_launch.launch import find_ooms, scan_lines
+
+LOGS = DATA / "oom"
+EXAMPLE = str(EXAMPLES / "grpo_6gpu.yaml")
+LOG_PROB_KNOB = "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu"
+FAILED = f"{LOG_PROB_KNOB}=40"  # the value the logged run used
+
+
+@pytest.fixture(autouse=True)
+def declared_hardware_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VSL_HARDWARE_DETECT", "0")
+
+
+def test_torch_message_and_v1_stage() -> None:
+    [event] = find_ooms(LOGS / "v1_compute_log_prob.log")
+    assert (event.kind, event.stage, event.method) == ("torch", "old_log_prob", "compute_log_prob")
+    assert (event.tried_gib, event.gpu, event.total_gib, event.free_gib) == (13.91, 0, 79.11, 6.56)
+    assert event.in_use_gib == 72.54 and event.needed_gib == pytest.approx(86.45)
+    assert event.where.endswith("v1_compute_log_prob.log:28")
+
+
+def test_old_torch_message_and_legacy_worker() -> None:
+    [event] = find_ooms(LOGS / "legacy_update_actor.log")
+    assert (event.stage, event.method) == ("actor_update", "update_actor")  # the outermost worker method
+    assert (event.tried_gib, event.total_gib, event.in_use_gib, event.free_gib) == (4.64, 79.15, 70.02, 3.21)
+
+
+def test_vllm_kv_cache_failure_is_the_rollout() -> None:
+    [event] = find_ooms(LOGS / "vllm_kv_cache.log")
+    assert (event.kind, event.stage) == ("kv-cache", "rollout")
+    assert "smaller than one sequence of max_model_len" in event.detail
+
+
+MESSAGE = (
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 512.00 MiB. GPU 3 has a total capacity of "
+)
+MESSAGE += "23.64 GiB of which 100.25 MiB is free. Including non-PyTorch memory, this process has 23.53 GiB memory in use."
+
+
+@pytest.mark.parametrize(
+    ("frames", "stage"),
+    [
+        (
+            [
+                '  File "fsdp_workers.py", line 9, in compute_ref_log_prob',
+                '  File "dp_actor.py", line 3, in compute_log_prob',
+            ],
+            "ref_log_prob",
+        ),
+        (['  File "fsdp_workers.py", line 9, in compute_values'], "critic_values"),
+        (['  File "fsdp_workers.py", line 9, in update_critic'], "critic_update"),
+        (
+            [
+                "ray.exceptions.RayTaskError(OutOfMemoryError): ray::WorkerDict.actor_rollout_update_actor() (pid=1)"
+            ],
+            "actor_update",
+        ),
+        (['  File "engine_workers.py", line 728, in update_weights'], "weight_sync"),
+        (['  File "/x/vllm/v1/worker/gpu_model_runner.py", line 2, in _dummy_run'], "rollout"),
+        (['  File "train.py", line 1, in main'], None),
+    ],
+)
+def test_stage_from_the_traceback(frames: list[str], stage: str | None) -> None:
+    [event] = scan_lines(["Traceback (most recent call last):", *frames, MESSAGE], "log")
+    assert event.stage == stage
+    assert event.tried_gib == 0.5 and event.free_gib == pytest.approx(0.098, abs=0.001)
+
+
+def test_log_prob_oom_proposes_a_smaller_micro_batch(cli: Callable[..., CliResult]) -> None:
+    r = cli("oom", str(LOGS / "v1_compute_log_prob.log"), "-c", EXAMPLE, FAILED, "--format", "json")
+    assert r.code == 0, r.err
+    data = json.loads(r.out)
+    assert data["stage"] == "old log-prob" and data["knob"] == LOG_PROB_KNOB and data["knob_value"] == 40
+    assert data["scale"] > 1  # the process needed 86.45 GiB: the model is scaled up to that
+    remedies = data["remedies"]
+    freed = [r["freed_gib"] for r in remedies]
+    assert freed == sorted(freed, reverse=True) and all(f > 0 for f in freed)
+    micro = next(r for r in remedies if r["overrides"][0].startswith(LOG_PROB_KNOB + "="))
+    assert data["paste"] == micro["overrides"]  # the stage's own knob: nothing else about the run changes
+    assert 1 <= int(micro["overrides"][0].split("=")[1]) < 40
+    assert micro["peak_gib"] * 1.1 <= 79.1  # judged against the GPU in torch's message
+    offload = next(r for r in remedies if "param_offload=true" in " ".join(r["overrides"]))
+    assert offload["peak_gib"] < data["estimated_gib"] * data["scale"]
+
+
+def test_text_report_names_stage_knob_and_paste(cli: Callable[..., CliResult]) -> None:
+    r = cli("oom", str(LOGS / "v1_compute_log_prob.log"), "-c", EXAMPLE, FAILED)
+    assert r.code == 0, r.err
+    lines = r.out.splitlines()
+    assert lines[0].startswith("out of memory in stage old log-prob (compute_log_prob) at ")
+    assert f"  knob: {LOG_PROB_KNOB} = 40" in lines
+    assert any("scaled ×" in line for line in lines)
+    assert lines[-1].startswith("paste: ")
+
+
+def test_run_directory_with_records_and_worker_logs(cli: Callable[..., CliResult], tmp_path: Path) -> None:
+    logs = tmp_path / "ray" / "logs"
+    logs.mkdir(parents=True)
+    shutil.copy(LOGS / "legacy_update_actor.log", logs / "worker-9120.err")
+    record = {"stage": "actor_update", "status": "oom", "time": 1.0, "cuda": True, "peak_allocated_gib": 74.7}
+    (tmp_path / "memory-0.jsonl").write_text(json.dumps(record) + "\n")
+    r = cli("oom", str(tmp_path), "-c", EXAMPLE, "hardware.gpu_memory_gb=80", "--format", "json")
+    assert r.code == 0, r.err
+    data = json.loads(r.out)
+    assert data["where"] == "ray/logs/worker-9120.err:11" and data["stage"] == "actor update"
+    assert data["knob"] == "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"
+
+
+def test_rollout_kv_cache_checklist(cli: Callable[..., CliResult]) -> None:
+    r = cli("oom", str(LOGS / "vllm_kv_cache.log"), "-c", EXAMPLE, "hardware.gpu_memory_gb=80")
+    assert r.code == 0, r.err
+    assert "out of memory in stage rollout" in r.out
+    assert "vLLM's KV cache is smaller than one sequence of max_model_len" in r.out
+
+
+def test_no_oom_in_the_log_is_an_input_error(cli: Callable[..., CliResult], tmp_path: Path) -> None:
+    log = tmp_path / "fine.log"
+    log.write_text("step:1 - all good\n")
+    r = cli("oom", str(log), "-c", EXAMPLE)
+    assert r.code == 2
+    assert r.err.startswith(f"error: no out-of-memory error found in {log}")
+
+
+def test_run_directory_with_only_the_memory_record(cli: Callable[..., CliResult], tmp_path: Path) -> None:
+    record = {
+        "stage": "old_log_prob",
+        "status": "oom",
+        "time": 2.0,
+        "cuda": True,
+        "error": "OutOfMemoryError: CUDA out of memory.",
+        "peak_allocated_gib": 70.0,
+        "device_total_gib": 79.1,
+    }
+    (tmp_path / "memory-1.jsonl").write_text("not json\n" + json.dumps(record) + "\n")
+    r = cli("oom", str(tmp_path), "-c", EXAMPLE, FAILED, "--format", "json")
+    assert r.code == 0, r.err
+    data = json.loads(r.out)
+    assert data["kind"] == "record" and data["stage"] == "old log-prob" and data["scale"] > 1
+    assert data["paste"][0].startswith(LOG_PROB_KNOB + "=")
+
+
+def test_run_directory_config_is_used_when_no_config_is_given(
+    cli: Callable[..., CliResult], tmp_path: Path
+) -> None:
+    shown = cli("show", "-c", EXAMPLE, FAILED)
+    assert shown.code == 0, shown.err
+    (tmp_path / "config.yaml").write_text(shown.out)
+    shutil.copy(LOGS / "v1_compute_log_prob.log", tmp_path / "driver.log")
+    r = cli("oom", str(tmp_path), "--format", "json")
+    assert r.code == 0, r.err
+    data = json.loads(r.out)
+    assert data["knob_value"] == 40 and data["notes"][0].startswith(f"config: {tmp_path / 'config.yaml'}")
+    bare = json.loads(cli("oom", str(LOGS / "legacy_update_actor.log"), "--format", "json").out)
+    assert bare["notes"][0].startswith("no config given (-c FILE with the run's config)")

@@ -1,0 +1,324 @@
+"""The out-of-memory checklist: concrete overrides for the stage that failed, ranked by the memory each frees."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from verl_safe_launch.config_view import ARR, format_value
+from verl_safe_launch.context import RuleContext
+from verl_safe_launch.launch.hook_stages import STAGE_BY_NAME
+from verl_safe_launch.launch.oom_log import ROLLOUT, OomEvent
+from verl_safe_launch.launch.postmortem import ESTIMATOR_STAGE, MARGIN
+from verl_safe_launch.memory import StageEstimate, estimate_memory, fit_knobs
+from verl_safe_launch.rules import with_values
+
+UTIL = f"{ARR}.rollout.gpu_memory_utilization"
+TP = f"{ARR}.rollout.tensor_model_parallel_size"
+MAX_MODEL_LEN = f"{ARR}.rollout.max_model_len"
+OFFLOAD = (f"{ARR}.actor.fsdp_config.param_offload", f"{ARR}.actor.fsdp_config.optimizer_offload")
+CHECKPOINTING = f"{ARR}.model.enable_gradient_checkpointing"
+CHUNKING = f"{ARR}.actor.fsdp_config.entropy_from_logits_with_chunking"
+RESPONSE = "data.max_response_length"
+MIN_FREED_GIB = 0.05
+MAX_FIT_TRIES = 12
+FAR_SCALE = 4.0
+
+
+@dataclass(frozen=True)
+class Remedy:
+    """One checklist item: the overrides, what they free and the stage's estimated peak after them (GiB)."""
+
+    overrides: tuple[str, ...]
+    freed_gib: float
+    peak_gib: float
+    why: str
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """What ran out, the knob that drives it, how the model compares with the measurement, and the remedies."""
+
+    event: OomEvent
+    stage: str | None
+    knob: str | None
+    knob_value: object
+    estimated_gib: float | None
+    scale: float
+    remedies: tuple[Remedy, ...]
+    notes: tuple[str, ...]
+
+
+def measured_gib(event: OomEvent, record: Mapping[str, Any] | None) -> float | None:
+    """The peak the failing process needed, at least: torch's in-use plus the failed allocation, or the record."""
+    if event.needed_gib is not None:
+        return event.needed_gib
+    peak = (record or {}).get("peak_allocated_gib")
+    return float(peak) if isinstance(peak, int | float) else None
+
+
+def with_gpu(ctx: RuleContext, event: OomEvent) -> RuleContext:
+    """Judge against the GPU in the message when the hardware was not declared."""
+    if ctx.hardware.gpu_memory_gb is not None or event.total_gib is None:
+        return ctx
+    hardware = dataclasses.replace(ctx.hardware, gpu_memory_gb=round(event.total_gib, 1))
+    return dataclasses.replace(ctx, hardware=hardware)
+
+
+def _stage(ctx: RuleContext, name: str) -> StageEstimate | None:
+    est = estimate_memory(ctx, margin=MARGIN)
+    return None if est.missing else est.stage(name)
+
+
+def diagnose(event: OomEvent, ctx: RuleContext, record: Mapping[str, Any] | None = None) -> Diagnosis:
+    """The stage, its knob, the model scaled to the measurement, and the checklist ranked by memory freed."""
+    ctx = with_gpu(ctx, event)
+    name = ESTIMATOR_STAGE.get(event.stage or "", ROLLOUT if event.stage == ROLLOUT else "")
+    before = _stage(ctx, name) if name else None
+    notes: list[str] = []
+    if before is None:
+        notes.append(_unknown_stage(event, ctx))
+        return Diagnosis(event, name or None, None, None, None, 1.0, (), tuple(notes))
+    measured = measured_gib(event, record)
+    scale = 1.0
+    micro = _micro_total(before)
+    if measured is not None and measured > micro and before.batch_gib > 0:
+        scale = (measured - (micro - before.batch_gib)) / before.batch_gib
+        notes.append(
+            f"the model says {micro:.1f} GiB for one micro batch of {name}, the process needed at least "
+            f"{measured:.1f} GiB: activations and logits scaled ×{scale:.2f} to the measurement in every estimate"
+        )
+    if scale > FAR_SCALE:
+        notes.append(f"×{scale:.1f} is far from 1: is the config given the one the run used?")
+    knob = before.knob or _hook_knob(event, ctx)
+    if event.kind == "kv-cache":
+        knob = UTIL
+    remedies = (
+        _kv_remedies(ctx, before) if event.kind == "kv-cache" else _remedies(ctx, name, before, scale, knob)
+    )
+    value = ctx.view.get(knob) if knob else None
+    return Diagnosis(event, name, knob, value, before.total, scale, remedies, tuple(notes))
+
+
+def _micro_total(stage: StageEstimate) -> float:
+    """The stage's peak while a micro batch runs (the update also has end-of-backward and optimizer phases)."""
+    return dict(stage.phases).get("micro batch", stage.total)
+
+
+def scaled(stage: StageEstimate, scale: float) -> float:
+    """The stage's peak with one micro batch's activations and logits scaled to a measurement."""
+    return max(stage.total, _micro_total(stage) + (scale - 1.0) * stage.batch_gib)
+
+
+def _hook_knob(event: OomEvent, ctx: RuleContext) -> str | None:
+    spec = STAGE_BY_NAME.get(event.stage or "")
+    if spec is None:
+        return None
+    knobs = spec.knobs({spec.dynamic: ctx.view.get(spec.dynamic)} if spec.dynamic else {})
+    return knobs[0] if knobs else None
+
+
+def _unknown_stage(event: OomEvent, ctx: RuleContext) -> str:
+    if ctx.actor_arch is None:
+        return (
+            "no architecture for the model: pass -c with the run's config or actor_rollout_ref.model.path=..."
+        )
+    if event.stage is None:
+        return "the traceback names no worker stage: the checklist needs the stage (is the whole traceback in the log?)"
+    return f"stage {event.stage} has no memory estimate"
+
+
+Change = Mapping[str, object]
+
+
+def _remedies(
+    ctx: RuleContext, name: str, before: StageEstimate, scale: float, knob: str | None
+) -> tuple[Remedy, ...]:
+    start = scaled(before, scale)
+    found: list[Remedy] = []
+    fitted = _fitted(ctx, name, scale, knob, start)
+    if fitted is not None:
+        found.append(fitted)
+    for changes, why in _candidates(ctx, name):
+        after = _stage_after(ctx, name, changes)
+        if after is None:
+            continue
+        peak = scaled(after, scale)
+        if start - peak >= MIN_FREED_GIB:
+            overrides = tuple(_override(ctx, k, v) for k, v in changes.items())
+            found.append(Remedy(overrides, start - peak, peak, why))
+    return tuple(sorted(found, key=lambda r: -r.freed_gib))
+
+
+def _stage_after(ctx: RuleContext, name: str, changes: Change) -> StageEstimate | None:
+    return _stage(dataclasses.replace(ctx, view=with_values(ctx.view, changes)), name)
+
+
+def _fitted(ctx: RuleContext, name: str, scale: float, knob: str | None, start: float) -> Remedy | None:
+    """The stage's micro batch (or token budget) below the failing value: the largest that fits the scaled model
+    with the margin and passes every rule."""
+    current = ctx.view.get(knob) if knob else None
+    gpu = ctx.hardware.gpu_memory_gb
+    if (
+        knob is None
+        or gpu is None
+        or not isinstance(current, int)
+        or isinstance(current, bool)
+        or current <= 1
+    ):
+        return None
+    cap = current - 1
+    for _ in range(MAX_FIT_TRIES):
+        fit = next((f for f in fit_knobs(ctx, margin=MARGIN, cap={knob: cap}) if f.key == knob), None)
+        if fit is None or fit.value is None:
+            return None
+        after = _stage_after(ctx, name, {knob: fit.value})
+        if after is None:
+            return None
+        peak = scaled(after, scale)
+        if peak * (1 + MARGIN) <= gpu:
+            why = f"the largest value below {current} that fits with the {MARGIN:.0%} margin and passes every rule"
+            return Remedy((str(fit.override),), start - peak, peak, why)
+        if fit.value <= 1:
+            return Remedy(
+                (str(fit.override),), start - peak, peak, "the smallest; not enough alone: add more"
+            )
+        cap = fit.value - 1
+    return None
+
+
+def _kv_remedies(ctx: RuleContext, before: StageEstimate) -> tuple[Remedy, ...]:
+    """The engine could not place its KV cache: give it a shorter longest sequence, more memory, or more GPUs."""
+    est = estimate_memory(ctx, margin=MARGIN)
+    facts = est.rollout
+    if facts is None:
+        return ()
+    changes: list[tuple[Change, str]] = []
+    if facts.max_model_len > facts.seq_len:
+        changes.append(
+            ({MAX_MODEL_LEN: facts.seq_len}, "the longest sequence the run makes (prompt + response)")
+        )
+    util = ctx.view.get(UTIL)
+    if isinstance(util, int | float) and util < 0.9:
+        changes.append(({UTIL: round(min(0.95, float(util) + 0.1), 2)}, "give the engine more of the GPU"))
+    tp = ctx.view.get(TP)
+    gpus = ctx.view.get("trainer.n_gpus_per_node")
+    if isinstance(tp, int) and isinstance(gpus, int) and gpus % (tp * 2) == 0:
+        changes.append(({TP: tp * 2}, "split the weights over more GPUs: more room for the KV cache on each"))
+    out: list[Remedy] = []
+    for change, why in changes:
+        after = estimate_memory(dataclasses.replace(ctx, view=with_values(ctx.view, change)), margin=MARGIN)
+        stage, rollout = after.stage(ROLLOUT), after.rollout
+        if stage is None or rollout is None or rollout.capacity_tokens is None:
+            continue
+        detail = (
+            f"{why}; KV cache ~{rollout.capacity_tokens} tokens for max_model_len {rollout.max_model_len}"
+        )
+        overrides = tuple(_override(ctx, k, v) for k, v in change.items())
+        out.append(Remedy(overrides, before.total - stage.total, stage.total, detail))
+    return tuple(out)
+
+
+def _candidates(ctx: RuleContext, name: str) -> list[tuple[Change, str]]:
+    """The article's checklist as changes to this config (only those that change something)."""
+    view = ctx.view
+    out: list[tuple[Change, str]] = []
+    if not all(view.get(k) is True for k in OFFLOAD):
+        out.append(({k: True for k in OFFLOAD}, "keep the actor's parameters and optimizer in CPU memory"))
+    if view.get(CHECKPOINTING) is False:
+        out.append(({CHECKPOINTING: True}, "recompute activations in backward"))
+    if view.get(CHUNKING) is not True and name != ROLLOUT:
+        out.append(({CHUNKING: True}, "compute entropy in chunks instead of over all logits"))
+    response = view.get(RESPONSE)
+    if isinstance(response, int) and response >= 256:
+        out.append(
+            (
+                {RESPONSE: response // 2},
+                "halve the response length (fewer tokens per sequence; changes what is trained)",
+            )
+        )
+    util = view.get(UTIL)
+    if isinstance(util, int | float) and util > 0.2:
+        out.append(({UTIL: round(float(util) - 0.1, 2)}, "leave more memory outside the rollout engine"))
+    tp = view.get(TP)
+    gpus = view.get("trainer.n_gpus_per_node")
+    if name == ROLLOUT and isinstance(tp, int) and isinstance(gpus, int) and gpus % (tp * 2) == 0:
+        out.append(({TP: tp * 2}, "split the rollout weights over more GPUs"))
+    return out
+
+
+def _override(ctx: RuleContext, key: str, value: object) -> str:
+    return f"{'' if key in ctx.view else '+'}{key}={format_value(value)}"
+
+
+def render_diagnosis(d: Diagnosis) -> str:
+    """The text report of ``oom``."""
+    e = d.event
+    where = f" ({e.method})" if e.method else ""
+    lines = [f"out of memory in stage {d.stage or e.stage or 'unknown'}{where} at {e.where}"]
+    if e.kind == "kv-cache":
+        lines[0] += " (the rollout engine's KV cache)"
+    if e.kind == "torch":
+        lines.append(
+            f"  torch: tried to allocate {e.tried_gib:g} GiB on GPU {e.gpu}; {e.total_gib:g} GiB total, "
+            f"{e.free_gib:g} GiB free"
+            + (f", this process {e.in_use_gib:g} GiB in use" if e.in_use_gib else "")
+        )
+    else:
+        lines.append(f"  {e.detail}")
+        lines.append(f"  log: {e.line[-200:]}")
+    if d.knob:
+        lines.append(f"  knob: {d.knob} = {format_value(d.knob_value)}")
+    lines += [f"  note: {n}" for n in d.notes]
+    if d.remedies:
+        order = "in order" if e.kind == "kv-cache" else "most memory freed first"
+        lines.append(f"checklist ({order}; the stage's estimated peak after each change):")
+        for i, r in enumerate(d.remedies, 1):
+            lines.append(f"  {i}. {' '.join(r.overrides)}")
+            effect = (
+                f"frees ~{r.freed_gib:.1f} GiB" if r.freed_gib >= 0 else f"uses ~{-r.freed_gib:.1f} GiB more"
+            )
+            lines.append(f"     {effect}, peak ~{r.peak_gib:.1f} GiB: {r.why}")
+        lines.append(f"paste: {' '.join(paste(d).overrides)}")
+    return "\n".join(lines) + "\n"
+
+
+def paste(d: Diagnosis) -> Remedy:
+    """The remedy to paste: the stage's own knob when it has one (nothing else about the run changes)."""
+    own = [r for r in d.remedies if d.knob and r.overrides[0].lstrip("+").startswith(d.knob + "=")]
+    return own[0] if own else d.remedies[0]
+
+
+def diagnosis_json(d: Diagnosis) -> dict[str, Any]:
+    """The stable JSON form of ``oom``."""
+    e = d.event
+    return {
+        "where": e.where,
+        "kind": e.kind,
+        "stage": d.stage,
+        "method": e.method,
+        "torch": {
+            "tried_gib": e.tried_gib,
+            "gpu": e.gpu,
+            "total_gib": e.total_gib,
+            "free_gib": e.free_gib,
+            "in_use_gib": e.in_use_gib,
+        },
+        "knob": d.knob,
+        "knob_value": d.knob_value,
+        "estimated_gib": None if d.estimated_gib is None else round(d.estimated_gib, 3),
+        "scale": round(d.scale, 3),
+        "remedies": [
+            {
+                "overrides": list(r.overrides),
+                "freed_gib": round(r.freed_gib, 3),
+                "peak_gib": round(r.peak_gib, 3),
+            }
+            | {"why": r.why}
+            for r in d.remedies
+        ],
+        "notes": list(d.notes),
+        "paste": list(paste(d).overrides) if d.remedies else [],
+    }
