@@ -90,7 +90,7 @@ def _reads_back(entry: Entry) -> bool:
 
 def _notes(launch: ScriptLaunch, composed: Composed) -> tuple[str, ...]:
     notes = [
-        f"left out {r.token.text} (line {r.token.source.line}): {r.reason} Run 'verl-safe-launch audit {launch.path}'."
+        f"left out {r.token.text} (line {r.token.source.line}): {r.reason} Run: verl-safe-launch audit {shlex.quote(launch.path)}"
         for r in composed.rejected
     ]
     for note in launch.notes:

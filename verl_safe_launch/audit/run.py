@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Iterable
 
 from verl_safe_launch.audit import overrides as audit_overrides
@@ -60,7 +61,7 @@ def _note_fix(launch: ScriptLaunch, note: ScriptNote) -> str:
     if note.kind == "deprecated-config":
         return f"replace --config-path/--config-name with the override {note.detail}"
     if note.kind == "unresolved":
-        return f"to audit the value, pass it after '--': verl-safe-launch audit {launch.path} -- KEY=VALUE"
+        return f"to audit the value, pass it after '--': verl-safe-launch audit {shlex.quote(launch.path)} -- KEY=VALUE"
     return "nothing to do"
 
 
@@ -87,7 +88,7 @@ def _passthrough(launch: ScriptLaunch) -> Finding:
         "they come after the script's overrides and win over them"
     )
     source = Source(Layer.SCRIPT, launch.path, pt.line, raw=pt.raw)
-    fix = f"audit them with the script: verl-safe-launch audit {launch.path} -- KEY=VALUE ..."
+    fix = f"audit them with the script: verl-safe-launch audit {shlex.quote(launch.path)} -- KEY=VALUE ..."
     return Finding("script-passthrough", Severity.INFO, ("$@",), message, fix, (("$@", pt.raw, source),))
 
 

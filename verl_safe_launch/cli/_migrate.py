@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import os
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 from verl_safe_launch.audit import command_line, plan_migration, render_yaml
 from verl_safe_launch.cli._common import make_parser, parse
 from verl_safe_launch.compose import compose
-from verl_safe_launch.errors import EXIT_OK, InputError, UsageError
+from verl_safe_launch.errors import EXIT_OK, UsageError
+from verl_safe_launch.files import check_target, write_atomic
 from verl_safe_launch.shell import ScriptLaunch, read_script
 
 EXAMPLES = """\
@@ -32,11 +31,11 @@ def main(args: Sequence[str], offset: int) -> int:
     parser.add_argument("--launch", type=int, metavar="N", help="which launch of the script (1-based)")
     ns = parse(parser, args)
     output = Path(ns.output)
-    if output.exists() and not ns.force:
-        raise InputError(f"{output} already exists", where="-o/--output", fix="pass --force to overwrite it")
+    check_target(output, force=ns.force, inputs=[ns.script], where="-o/--output")
     launch = _choose(read_script(ns.script), ns.launch, ns.script)
     migration = plan_migration(launch, compose(launch.request(lenient=True)), output)
-    write_atomic(output, render_yaml(migration))
+    inputs = [ns.script, *launch.config_files]
+    write_atomic(output, render_yaml(migration), force=ns.force, inputs=inputs, where="-o/--output")
     print(command_line(migration))
     for note in migration.notes:
         print(f"note: {note}", file=sys.stderr)
@@ -54,19 +53,3 @@ def _choose(launches: tuple[ScriptLaunch, ...], wanted: int | None, script: str)
     if not 1 <= wanted <= len(launches):
         raise UsageError(f"{script} has no launch {wanted}", where="--launch", fix=f"use one of: {choices}")
     return launches[wanted - 1]
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file in the same directory, then rename it into place."""
-    directory = path.parent if str(path.parent) else Path(".")
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
-    except OSError as exc:
-        raise InputError(f"cannot write {path}: {exc.strerror or exc}", where="-o/--output") from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

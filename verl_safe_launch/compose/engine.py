@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from verl_safe_launch.config_view import ConfigView, flatten
-from verl_safe_launch.errors import ConfigError, UsageError, VslError, collect
+from verl_safe_launch.errors import ConfigError, InputError, UsageError, VslError, collect
 from verl_safe_launch.inputs import (
     PRIMARY_CONFIG,
     ComposeRequest,
@@ -168,14 +168,35 @@ def _user_layers(preset: str | None, tool: ToolSettings, request: ComposeRequest
     if request.adapted:
         layers.append(list(request.adapted))
     for path in request.config_files:
-        layers.append(_file_writes(path, Source(Layer.FILE), str(path)))
+        layers.append(_file_writes(path, Source(Layer.FILE), str(path), user=True))
     return layers
 
 
-def _file_writes(path: Path, base: Source, shown: str) -> list[Write]:
+def _file_writes(path: Path, base: Source, shown: str, *, user: bool = False) -> list[Write]:
     doc = read_yaml(path, expand_dots=True)
+    if user:
+        _refuse_hydra_keys(doc, shown)
     leaves = [leaf for leaf in doc.leaves if leaf.key.split(".", 1)[0] not in _STRIPPED_FILE_KEYS]
     return [_leaf_write(leaf, base, shown) for leaf in leaves]
+
+
+_HYDRA_KEY_FIX = {
+    "defaults": "delete the 'defaults:' list and select config groups on the command line "
+    "(e.g. model_engine=megatron)",
+    "hydra": "delete the 'hydra:' section: Hydra's own settings are not part of verl's config",
+}
+
+
+def _refuse_hydra_keys(doc: YamlDoc, shown: str) -> None:
+    """A user layer holds verl keys only: a top-level ``defaults:`` or ``hydra:`` would be silently dropped."""
+    for leaf in doc.leaves:
+        top = leaf.key.split(".", 1)[0]
+        if top in _STRIPPED_FILE_KEYS:
+            raise InputError(
+                f"{shown}: the top-level '{top}:' is not applied from a -c file (it is Hydra's, not verl's)",
+                where=f"{shown}:{leaf.line}",
+                fix=_HYDRA_KEY_FIX[top],
+            )
 
 
 def _leaf_write(leaf: YamlLeaf, base: Source, shown: str) -> Write:

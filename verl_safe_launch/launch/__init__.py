@@ -36,6 +36,7 @@ from verl_safe_launch.launch.rundir import (
     config_digest,
     prepare_run_dir,
     reproduce_command,
+    run_dir_arg,
 )
 from verl_safe_launch.launch.slurm import Container, SlurmSpec, render_sbatch, sbatch_options
 from verl_safe_launch.launch.slurm_job import (
@@ -93,6 +94,7 @@ __all__ = [
     "render_plan",
     "render_sbatch",
     "reproduce_command",
+    "run_dir_arg",
     "sbatch_options",
     "validate_with_verl",
     "wait_for_nodes",

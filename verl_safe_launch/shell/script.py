@@ -6,12 +6,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from verl_safe_launch.errors import InputError
+from verl_safe_launch.files import read_text_input
 from verl_safe_launch.inputs import ComposeRequest, OverrideToken, verl_config_dir, verl_package_dir
 from verl_safe_launch.provenance import Layer, Source
 from verl_safe_launch.shell.expand import Env, Expander, Field, apply_assignments
 from verl_safe_launch.shell.words import ArrayAssign, Op, PartKind, ShellSyntaxError, Token, Word, lex
 
 MODULE = "verl.trainer.main_ppo"
+MAX_SCRIPT_BYTES = 256 * 1024
+"""The longest launch script read (verl's own examples are under 10 KiB)."""
 _SEPARATORS = frozenset({"\n", ";", "&", "&&", "||", "|", "|&", ";;", "(", ")"})
 _REDIRECTS = frozenset({">", ">>", "<", "&>", ">&", "<&"})
 _OPENERS = frozenset({"if", "while", "until", "for", "case", "select"})
@@ -72,19 +75,9 @@ class ScriptLaunch:
 def read_script(path: Path | str) -> tuple[ScriptLaunch, ...]:
     """Read a launch script; raise InputError when it is unreadable, not shell, or launches nothing."""
     path = Path(path)
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise InputError(f"script not found: {path}", fix="check the path of the launch script") from None
-    except OSError as exc:
-        raise InputError(f"cannot read {path}: {exc.strerror or exc}") from None
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise InputError(
-            f"{path} is not a text file (byte {exc.start} is not UTF-8)",
-            fix="pass a bash launch script",
-        ) from None
+    text = read_text_input(
+        path, what="script", missing_fix="check the path of the launch script", limit=MAX_SCRIPT_BYTES
+    )
     launches = parse_script(text, str(path), base_dir=path.parent)
     if not launches:
         raise InputError(
