@@ -38,6 +38,7 @@ _NOTE_RULES: dict[str, tuple[str, Severity, str]] = {
     "config": ("script-config", Severity.INFO, "not audited: {raw}: {detail}"),
     "conditional": ("script-conditional", Severity.INFO, "line {line}: {detail}; it is audited as written"),
     "sourced": ("script-sourced", Severity.INFO, "line {line} runs {raw}; {detail}"),
+    "crlf": ("script-crlf", Severity.ERROR, "{detail} (first at line {line})"),
     "deprecated-config": (
         "deprecated-alias",
         Severity.WARNING,
@@ -60,6 +61,8 @@ def _note_finding(launch: ScriptLaunch, note: ScriptNote) -> Finding:
 def _note_fix(launch: ScriptLaunch, note: ScriptNote) -> str:
     if note.kind == "deprecated-config":
         return f"replace --config-path/--config-name with the override {note.detail}"
+    if note.kind == "crlf":
+        return f"convert it to Unix line endings: sed -i 's/\\r$//' {shlex.quote(launch.path)}"
     if note.kind == "unresolved":
         return f"to audit the value, pass it after '--': verl-safe-launch audit {shlex.quote(launch.path)} -- KEY=VALUE"
     return "nothing to do"

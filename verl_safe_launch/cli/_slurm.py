@@ -9,6 +9,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -75,15 +76,19 @@ def _parser() -> argparse.ArgumentParser:
         EXAMPLES,
     )
     job = parser.add_argument_group("the allocation (#SBATCH lines)")
-    job.add_argument("--nodes", type=int, default=1, metavar="N", help="nodes (default 1)")
-    job.add_argument("--gpus-per-node", type=int, required=True, metavar="G", help="GPUs on every node")
+    job.add_argument("--nodes", type=slurm.count_arg, default=1, metavar="N", help="nodes (default 1)")
+    job.add_argument(
+        "--gpus-per-node", type=slurm.count_arg, required=True, metavar="G", help="GPUs on every node"
+    )
     job.add_argument(
         "--cpus-per-task",
-        type=int,
+        type=slurm.count_arg,
         metavar="C",
         help="CPUs per node, all of them Ray's (default: the Ray CPUs this run reserves per node)",
     )
-    for flag in ("--mem", "--time", "--partition", "--account", "--qos"):
+    job.add_argument("--mem", type=slurm.mem_arg, help="sbatch --mem, e.g. 480G (K, M, G or T; M without)")
+    job.add_argument("--time", type=slurm.time_arg, help="sbatch --time, e.g. 24:00:00 or 2-00:00:00")
+    for flag in ("--partition", "--account", "--qos"):
         job.add_argument(flag, help=f"sbatch {flag}")
     job.add_argument("--job-name", default="verl", help="sbatch --job-name (default verl)")
     job.add_argument("--output", help="sbatch --output (default JOB-%%j.out beside the script)")
@@ -109,7 +114,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     nodes.add_argument(
         "--join-timeout",
-        type=int,
+        type=slurm.seconds_arg,
         default=slurm.DEFAULT_JOIN_TIMEOUT_S,
         metavar="SECONDS",
         help="fail when Ray is not up on every node within this time (default %(default)s)",
@@ -308,10 +313,14 @@ def _wait_ray(args: Sequence[str], offset: int) -> int:
 
     parser = make_parser("slurm wait-ray", "Wait until every node's Ray has joined.", IN_JOB_EXAMPLES)
     parser.add_argument("--address", required=True, help="the Ray head's GCS address (host:port)")
-    parser.add_argument("--timeout", type=float, default=slurm.DEFAULT_JOIN_TIMEOUT_S, help="seconds")
+    parser.add_argument(
+        "--timeout", type=slurm.seconds_arg, default=slurm.DEFAULT_JOIN_TIMEOUT_S, help="seconds"
+    )
     parser.add_argument("hosts", nargs="+", metavar="HOST", help="the Slurm node names (Ray node names)")
     ns = parse(parser, args)
-    result = slurm_job.wait_for_nodes(ns.hosts, slurm_job.ray_node_lister(ns.address), ns.timeout)
+    start = time.monotonic()
+    lister = slurm_job.ray_node_lister(ns.address, ns.timeout)
+    result = slurm_job.wait_for_nodes(ns.hosts, lister, max(ns.timeout - (time.monotonic() - start), 0.0))
     if result.missing:
         raise slurm_job.missing_error(result, ns.hosts, ns.timeout)
     print(slurm_job.joined_line(result, ns.hosts), flush=True)

@@ -115,7 +115,7 @@ def _defaults_list(repo: Any, parsed: list[Any], tokens: Sequence[OverrideToken]
             prepend_hydra=False,
             skip_missing=False,
         )
-    except HydraException as exc:
+    except (HydraException, ValueError) as exc:
         where = _token_mentioned(str(exc), tokens)
         raise ConfigError(
             f"cannot compose verl's config: {str(exc).splitlines()[0]}",

@@ -38,7 +38,16 @@ from verl_safe_launch.launch.rundir import (
     reproduce_command,
     run_dir_arg,
 )
-from verl_safe_launch.launch.slurm import Container, SlurmSpec, render_sbatch, sbatch_options
+from verl_safe_launch.launch.slurm import (
+    Container,
+    SlurmSpec,
+    count_arg,
+    mem_arg,
+    render_sbatch,
+    sbatch_options,
+    seconds_arg,
+    time_arg,
+)
 from verl_safe_launch.launch.slurm_job import (
     Joined,
     RayNode,
@@ -77,12 +86,14 @@ __all__ = [
     "check_cpus",
     "check_gpus",
     "config_digest",
+    "count_arg",
     "first_oom",
     "install",
     "joined_line",
     "load_fit",
     "local_gpu_count",
     "local_num_cpus",
+    "mem_arg",
     "missing_error",
     "oom_report",
     "patch_module",
@@ -96,6 +107,8 @@ __all__ = [
     "reproduce_command",
     "run_dir_arg",
     "sbatch_options",
+    "seconds_arg",
+    "time_arg",
     "validate_with_verl",
     "wait_for_nodes",
     "wrap_stage",

@@ -98,7 +98,16 @@ def parse_script(text: str, name: str, base_dir: Path | None = None) -> tuple[Sc
             where=f"{name}:{exc.line}",
             fix="check the quotes and brackets on that line (bash -n runs the same check)",
         ) from None
-    return _Reader(name).run(tokens)
+    reader = _Reader(name)
+    if "\r\n" in text:
+        line = text[: text.index("\r\n")].count("\n") + 1
+        detail = (
+            "the script has Windows (CRLF) line endings: bash reads each '\\r' as part of the last word, "
+            "so a trailing '\\' does not continue the line and every last argument ends in '\\r'"
+        )
+        shown = text.split("\n")[line - 1].rstrip("\r")[:60]
+        reader.notes.append(ScriptNote("crlf", line, shown, detail))
+    return reader.run(tokens)
 
 
 @dataclass
