@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import signal
 import stat
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -422,3 +424,55 @@ def test_a_closed_pipe_ends_quietly() -> None:
     )
     assert proc.stdout.count("\n") == 1
     assert proc.stderr == ""
+
+
+def test_an_unexpected_exception_is_one_line_with_its_own_exit_code(
+    cli: Cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import verl_safe_launch.cli._presets as presets_verb
+
+    def broken(args: object, offset: int) -> int:
+        raise RuntimeError("boom\nsecond line")
+
+    monkeypatch.setattr(presets_verb, "main", broken)
+    result = cli("presets")
+    assert (result.code, result.err) == (
+        4,
+        "internal error: RuntimeError: boom (a bug in verl-safe-launch; VSL_FULL_ERROR=1 for the traceback)\n",
+    )
+    monkeypatch.setenv("VSL_FULL_ERROR", "1")
+    result = cli("presets")
+    assert result.code == 4 and "Traceback" in result.err
+
+
+@pytest.mark.slow
+def test_ctrl_c_exits_130_with_one_line() -> None:
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "verl_safe_launch",
+            "slurm",
+            "wait-ray",
+            "--address",
+            "192.0.2.1:6379",
+            "--timeout",
+            "120",
+            "n1",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(5)  # connecting to an address nobody answers (TEST-NET-1)
+    proc.send_signal(signal.SIGINT)
+    _out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert [line for line in err.splitlines() if "gcs_client" not in line] == ["interrupted (Ctrl-C)"]
+
+
+@pytest.mark.slow
+def test_wait_ray_gives_up_connecting_at_its_timeout() -> None:
+    proc = _run(["slurm", "wait-ray", "--address", "192.0.2.1:6379", "--timeout", "3", "n1"], timeout=60)
+    assert proc.returncode == 3
+    assert "error: cannot reach the job's Ray head at 192.0.2.1:6379 within 3 s" in proc.stderr
