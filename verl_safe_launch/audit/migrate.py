@@ -147,11 +147,11 @@ def command_line(migration: Migration) -> str:
 
 def render_yaml(migration: Migration) -> str:
     """The nested YAML: one line per key with a comment citing the script line it came from."""
-    name = Path(migration.script).name
+    name = _one_line(Path(migration.script).name)
     lines = [
-        f"# verl config migrated from {migration.script} (the launch on line {migration.line}).",
+        f"# verl config migrated from {_one_line(migration.script)} (the launch on line {migration.line}).",
         "# Each value cites the script line it came from. Use it with:",
-        f"#   {command_line(migration)}",
+        f"#   {_one_line(command_line(migration))}",
     ]
     tree: dict[str, object] = {}
     for entry in migration.entries:
@@ -164,6 +164,11 @@ def render_yaml(migration: Migration) -> str:
         node[leaf] = entry
     _emit(tree, 0, name, lines)
     return "\n".join(lines) + "\n"
+
+
+def _one_line(text: str) -> str:
+    """Text for a YAML comment: a line break in a file name must not end the comment and start a key."""
+    return text.replace("\r", "\\r").replace("\n", "\\n")
 
 
 def _emit(tree: dict[str, object], depth: int, name: str, lines: list[str]) -> None:
