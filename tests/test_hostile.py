@@ -476,3 +476,13 @@ def test_wait_ray_gives_up_connecting_at_its_timeout() -> None:
     proc = _run(["slurm", "wait-ray", "--address", "192.0.2.1:6379", "--timeout", "3", "n1"], timeout=60)
     assert proc.returncode == 3
     assert "error: cannot reach the job's Ray head at 192.0.2.1:6379 within 3 s" in proc.stderr
+
+
+def test_a_user_file_with_too_many_keys_names_the_limit(tmp_path: Path, cli: Cli) -> None:
+    config = tmp_path / "huge.yaml"
+    config.write_text("".join(f"data.k{i}: {i}\n" for i in range(2_001)))
+    result = cli("check", "-c", str(config))
+    assert (result.code, result.err.splitlines()[0]) == (
+        2,
+        f"error: {config} sets 2,001 keys, over the limit of 2,000 for one file",
+    )

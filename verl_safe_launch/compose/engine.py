@@ -29,6 +29,8 @@ from verl_safe_launch.inputs import (
 from verl_safe_launch.provenance import Layer, Provenance, Source, Write
 
 _STRIPPED_FILE_KEYS = ("defaults", "hydra")
+MAX_LAYER_KEYS = 2_000
+"""The most keys one user file or one command line may set (verl's whole config has about 1,000 leaves)."""
 _INTERP = re.compile(r"\$\{(?:oc\.select:)?\s*([^,}\s]+)")
 
 
@@ -68,6 +70,11 @@ def compose(request: ComposeRequest) -> Composed:
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
     from omegaconf import OmegaConf
 
+    if len(request.overrides) > MAX_LAYER_KEYS:
+        raise UsageError(
+            f"{len(request.overrides):,} overrides in one launch, over the limit of {MAX_LAYER_KEYS:,}",
+            fix="move the values into a YAML file (-c), one key per line",
+        )
     verl_tokens, tool = split_tool_tokens(request.overrides)
     parsed = [(parse_override(t), t) for t in verl_tokens]
     loader, repo = _hydra_loader()
@@ -176,6 +183,12 @@ def _file_writes(path: Path, base: Source, shown: str, *, user: bool = False) ->
     doc = read_yaml(path, expand_dots=True)
     if user:
         _refuse_hydra_keys(doc, shown)
+        if len(doc.leaves) > MAX_LAYER_KEYS:
+            raise InputError(
+                f"{shown} sets {len(doc.leaves):,} keys, over the limit of {MAX_LAYER_KEYS:,} for one file",
+                where=shown,
+                fix="verl's whole config has about 1,000 keys: keep the ones this run changes",
+            )
     leaves = [leaf for leaf in doc.leaves if leaf.key.split(".", 1)[0] not in _STRIPPED_FILE_KEYS]
     return [_leaf_write(leaf, base, shown) for leaf in leaves]
 
