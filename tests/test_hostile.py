@@ -187,14 +187,11 @@ def test_slurm_temp_file_is_private_and_a_planted_link_is_harmless(tmp_path: Pat
     assert victim.read_text() == "precious\n"
 
 
-def test_an_unwritable_directory_is_a_usage_error(tmp_path: Path, cli: Cli) -> None:
+def test_an_unwritable_directory_is_a_usage_error(cli: Cli) -> None:
     unwritable = Path("/proc")  # read-only even for root
     argv = ["slurm", "--nodes", "1", "--gpus-per-node", "2", "-c", SMALL]
     result = cli(*argv, "-o", str(unwritable / "j.sbatch"))
-    assert (result.code, result.err.splitlines()[0]) == (
-        2,
-        f"error: cannot write {unwritable / 'j.yaml'}: No such file or directory",
-    ) or (result.code == 2 and result.err.startswith("error: cannot write"))
+    assert result.code == 2 and result.err.startswith(f"error: cannot write {unwritable / 'j.'}")
     result = cli("run", "--dry-run", "-c", SMALL, "--run-dir", str(unwritable / "vsl-run"))
     assert result.code == 2 and result.err.startswith(f"error: cannot create {unwritable / 'vsl-run'}")
 
