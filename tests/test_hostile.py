@@ -482,3 +482,11 @@ def test_a_user_file_with_too_many_keys_names_the_limit(tmp_path: Path, cli: Cli
         2,
         f"error: {config} sets 2,001 keys, over the limit of 2,000 for one file",
     )
+
+
+def test_a_null_config_group_on_the_command_line_is_a_usage_error(cli: Cli) -> None:
+    result = cli("check", "data=null")
+    assert result.code == 2
+    assert result.err.startswith(
+        "error: cannot compose verl's config: Config group override must be a string"
+    )
