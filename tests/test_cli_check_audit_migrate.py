@@ -174,7 +174,7 @@ def test_migrate_keeps_groups_on_the_command_line_and_lists_what_it_left_out(
     assert result.out == f"verl-safe-launch -c {out}\n"
     assert (
         f"note: left out {ARR}.rollout.multi_turn.max_assistent_turns=5 (line 34): Could not override "
-        f"'{ARR}.rollout.multi_turn.max_assistent_turns'. Run 'verl-safe-launch audit {SCRIPTS / 'multiturn.sh'}'."
+        f"'{ARR}.rollout.multi_turn.max_assistent_turns'. Run: verl-safe-launch audit {SCRIPTS / 'multiturn.sh'}"
     ) in result.err
     assert "note: not migrated: data.train_files=$HOME/data/gsm8k/train.parquet (line 39)" in result.err
     megatron = cli("migrate", str(SCRIPTS / "megatron_arrays.sh"), "-o", str(tmp_path / "meg.yaml"))
@@ -187,7 +187,7 @@ def test_migrate_refuses_to_overwrite_without_force(cli: Cli, tmp_path: Path) ->
     result = cli("migrate", str(FLIP), "-o", str(out))
     assert (result.code, result.err) == (
         2,
-        f"error: {out} already exists\n  where: -o/--output\n  fix: pass --force to overwrite it\n",
+        f"error: {out} already exists\n  where: -o/--output\n  fix: pass --force to overwrite it, or choose another path\n",
     )
     assert out.read_text() == "mine: 1\n"
     assert cli("migrate", str(FLIP), "-o", str(out), "--force").code == 0

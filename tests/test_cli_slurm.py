@@ -76,7 +76,7 @@ def test_never_overwrites_without_force(tmp_path: Path, cli: Callable[..., CliRe
     assert result.err == (
         f"error: {tmp_path / 'job.yaml'} already exists\n"
         "  where: command line (-o)\n"
-        "  fix: pass --force to overwrite it, or choose another -o\n"
+        "  fix: pass --force to overwrite it, or choose another path\n"
     )
     assert (tmp_path / "job.yaml").read_text() == "mine: 1\n"
     assert not (tmp_path / "job.sbatch").exists()

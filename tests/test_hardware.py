@@ -66,11 +66,17 @@ def test_tokens_are_read_with_their_sources() -> None:
 @pytest.mark.parametrize(
     ("token", "message"),
     [
-        ("hardware.nodes=abc", "hardware.nodes=abc is not a positive whole number"),
-        ("hardware.nodes=0", "hardware.nodes=0 is not a positive whole number"),
-        ("hardware.gpus_per_node=2.5", "hardware.gpus_per_node=2.5 is not a positive whole number"),
-        ("hardware.gpu_memory_gb=-1", "hardware.gpu_memory_gb=-1 is not a positive number of GB"),
-        ("hardware.gpu_memory_gb=lots", "hardware.gpu_memory_gb=lots is not a positive number of GB"),
+        ("hardware.nodes=abc", "hardware.nodes=abc is not a whole number from 1 to 100000"),
+        ("hardware.nodes=0", "hardware.nodes=0 is not a whole number from 1 to 100000"),
+        ("hardware.gpus_per_node=2.5", "hardware.gpus_per_node=2.5 is not a whole number from 1 to 100000"),
+        (
+            "hardware.gpu_memory_gb=-1",
+            "hardware.gpu_memory_gb=-1 is not a number of GB above 0 and at most 10000",
+        ),
+        (
+            "hardware.gpu_memory_gb=lots",
+            "hardware.gpu_memory_gb=lots is not a number of GB above 0 and at most 10000",
+        ),
         ("hardware.gpu_name=", "hardware.gpu_name= is not a non-empty name"),
     ],
 )
@@ -85,7 +91,7 @@ def test_bad_token_through_the_cli_is_one_compact_message(cli) -> None:  # type:
     result = cli("show", "hardware.nodes=abc")
     assert result.code == 2
     assert result.err == (
-        "error: hardware.nodes=abc is not a positive whole number\n"
+        "error: hardware.nodes=abc is not a whole number from 1 to 100000\n"
         "  where: command line, argument 2 (hardware.nodes=abc)\n"
         "  fix: pass e.g. hardware.nodes=2\n"
     )

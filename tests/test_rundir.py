@@ -17,13 +17,13 @@ from verl_safe_launch.launch import atomic_write, auto_run_dir, prepare_run_dir,
 NOW = datetime(2025, 3, 4, 5, 6, 7)
 
 
-def test_auto_run_dir_follows_hydra_and_never_reuses_a_non_empty_one(tmp_path: Path) -> None:
+def test_auto_run_dir_follows_hydra_and_never_shares_a_directory(tmp_path: Path) -> None:
     first = auto_run_dir(NOW, tmp_path)
     assert first == tmp_path / "2025-03-04" / "05-06-07"
-    prepare_run_dir(first, force=False)
-    assert auto_run_dir(NOW, tmp_path) == first  # empty: fine to use
-    (first / "config.yaml").write_text("x: 1\n")
+    assert first.is_dir()
+    # A second launch in the same second gets its own directory, even before the first wrote anything.
     assert auto_run_dir(NOW, tmp_path) == tmp_path / "2025-03-04" / "05-06-07_1"
+    assert auto_run_dir(NOW, tmp_path) == tmp_path / "2025-03-04" / "05-06-07_2"
 
 
 def test_prepare_refuses_a_non_empty_directory_unless_forced(tmp_path: Path) -> None:
@@ -71,6 +71,6 @@ def test_atomic_write_cleans_up_when_the_write_fails(tmp_path: Path, monkeypatch
         raise OSError("disk full")
 
     monkeypatch.setattr(os, "replace", fail)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(UsageError, match="disk full"):
         atomic_write(tmp_path / "config.yaml", "x: 1\n")
     assert list(tmp_path.iterdir()) == []

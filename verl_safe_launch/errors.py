@@ -6,6 +6,10 @@ EXIT_OK = 0
 EXIT_PREFLIGHT = 1
 EXIT_USAGE = 2
 EXIT_LAUNCH = 3
+EXIT_INTERNAL = 4
+"""An unexpected exception: a bug in verl-safe-launch, never a pre-flight verdict."""
+EXIT_INTERRUPTED = 130
+"""Ctrl-C (128 + SIGINT), as shells report it."""
 
 
 class VslError(Exception):

@@ -92,7 +92,7 @@ def _reads_back(entry: Entry) -> bool:
 
 def _notes(launch: ScriptLaunch, composed: Composed) -> tuple[str, ...]:
     notes = [
-        f"left out {r.token.text} (line {r.token.source.line}): {r.reason} Run 'verl-safe-launch audit {launch.path}'."
+        f"left out {r.token.text} (line {r.token.source.line}): {r.reason} Run: verl-safe-launch audit {shlex.quote(launch.path)}"
         for r in composed.rejected
     ]
     for note in launch.notes:
@@ -151,15 +151,20 @@ def command_line(migration: Migration) -> str:
 
 def render_yaml(migration: Migration) -> str:
     """The nested YAML: one line per key with a comment citing the script line it came from."""
-    name = Path(migration.script).name
+    name = _one_line(Path(migration.script).name)
     lines = [
-        f"# verl config migrated from {migration.script} (the launch on line {migration.line}).",
+        f"# verl config migrated from {_one_line(migration.script)} (the launch on line {migration.line}).",
         "# Each value cites the script line it came from. Use it with:",
-        f"#   {command_line(migration)}",
+        f"#   {_one_line(command_line(migration))}",
     ]
     tree = nest((entry.key, entry) for entry in migration.entries)
     _emit(tree, 0, name, lines)
     return "\n".join(lines) + "\n"
+
+
+def _one_line(text: str) -> str:
+    """Text for a YAML comment: a line break in a file name must not end the comment and start a key."""
+    return text.replace("\r", "\\r").replace("\n", "\\n")
 
 
 def _emit(tree: dict[str, object], depth: int, name: str, lines: list[str]) -> None:

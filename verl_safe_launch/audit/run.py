@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Iterable
 
 from verl_safe_launch.audit import overrides as audit_overrides
@@ -37,6 +38,7 @@ _NOTE_RULES: dict[str, tuple[str, Severity, str]] = {
     "config": ("script-config", Severity.INFO, "not audited: {raw}: {detail}"),
     "conditional": ("script-conditional", Severity.INFO, "line {line}: {detail}; it is audited as written"),
     "sourced": ("script-sourced", Severity.INFO, "line {line} runs {raw}; {detail}"),
+    "crlf": ("script-crlf", Severity.ERROR, "{detail} (first at line {line})"),
     "deprecated-config": (
         "deprecated-alias",
         Severity.WARNING,
@@ -59,8 +61,10 @@ def _note_finding(launch: ScriptLaunch, note: ScriptNote) -> Finding:
 def _note_fix(launch: ScriptLaunch, note: ScriptNote) -> str:
     if note.kind == "deprecated-config":
         return f"replace --config-path/--config-name with the override {note.detail}"
+    if note.kind == "crlf":
+        return f"convert it to Unix line endings: sed -i 's/\\r$//' {shlex.quote(launch.path)}"
     if note.kind == "unresolved":
-        return f"to audit the value, pass it after '--': verl-safe-launch audit {launch.path} -- KEY=VALUE"
+        return f"to audit the value, pass it after '--': verl-safe-launch audit {shlex.quote(launch.path)} -- KEY=VALUE"
     return "nothing to do"
 
 
@@ -87,7 +91,7 @@ def _passthrough(launch: ScriptLaunch) -> Finding:
         "they come after the script's overrides and win over them"
     )
     source = Source(Layer.SCRIPT, launch.path, pt.line, raw=pt.raw)
-    fix = f"audit them with the script: verl-safe-launch audit {launch.path} -- KEY=VALUE ..."
+    fix = f"audit them with the script: verl-safe-launch audit {shlex.quote(launch.path)} -- KEY=VALUE ..."
     return Finding("script-passthrough", Severity.INFO, ("$@",), message, fix, (("$@", pt.raw, source),))
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 from verl_safe_launch.audit.aliases import (
@@ -158,15 +159,24 @@ def _skip_value(value: object, spec: TypeSpec) -> bool:
     return isinstance(value, str) and ("${" in value or is_missing(value))
 
 
+MAX_INT64 = 2**63 - 1
+"""The largest integer torch and verl's arithmetic hold; a larger one overflows."""
+
+
 def _type_problem(value: object, spec: TypeSpec) -> Severity | None:
     """None when the value fits the expected kind, else how bad the mismatch is."""
     if spec.kind == "int":
         if isinstance(value, int) and not isinstance(value, bool):
-            return None
-        lenient = isinstance(value, float) and not value.is_integer() and spec.origin == "verl's default"
+            return None if abs(value) <= MAX_INT64 else Severity.ERROR
+        lenient = (
+            isinstance(value, float)
+            and math.isfinite(value)
+            and not value.is_integer()
+            and spec.origin == "verl's default"
+        )
         return Severity.WARNING if lenient else Severity.ERROR
     if spec.kind == "float":
-        ok = isinstance(value, int | float) and not isinstance(value, bool)
+        ok = isinstance(value, int | float) and not isinstance(value, bool) and not math.isnan(value)
         return None if ok else Severity.ERROR
     if spec.kind == "bool":
         if isinstance(value, bool):

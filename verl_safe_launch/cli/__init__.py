@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import io
 import os
 import sys
+import traceback
 from collections.abc import Sequence
 
-from verl_safe_launch.errors import EXIT_USAGE, UsageError, VslError
+from verl_safe_launch.errors import (
+    EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    UsageError,
+    VslError,
+)
 
 # verb -> (module inside verl_safe_launch.cli, one-line summary); the DESIGN.md contract.
 VERBS: dict[str, tuple[str, str]] = {
@@ -49,27 +59,73 @@ def split_verb(argv: Sequence[str]) -> tuple[str, list[str], int]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one verb and return its exit code; user errors print compactly (VSL_FULL_ERROR=1: traceback)."""
-    args = list(sys.argv[1:] if argv is None else argv)
+    """Run one verb and return its exit code.
+
+    User errors print compactly (exit 2); an unexpected exception prints one line (exit 4); Ctrl-C exits 130;
+    a closed pipe ends quietly. ``VSL_FULL_ERROR=1`` adds the traceback and never changes the exit code.
+    """
+    _tolerant_streams()
+    try:
+        return _dispatch(list(sys.argv[1:] if argv is None else argv))
+    except VslError as exc:
+        return _report(exc.render(), exc.exit_code)
+    except KeyboardInterrupt:
+        return _report("interrupted (Ctrl-C)", EXIT_INTERRUPTED, traceback_too=False)
+    except BrokenPipeError:
+        _silence_stdout()
+        return EXIT_OK
+    except Exception as exc:
+        what = f"{type(exc).__name__}: {exc}".splitlines()[0] if str(exc) else type(exc).__name__
+        return _report(
+            f"internal error: {what} (a bug in verl-safe-launch; VSL_FULL_ERROR=1 for the traceback)",
+            EXIT_INTERNAL,
+        )
+
+
+def _dispatch(args: list[str]) -> int:
     if args in (["-h"], ["--help"], []):
         print(_usage())
         return 0 if args else EXIT_USAGE
+    verb, rest, offset = split_verb(args)
+    module_name, _ = VERBS[verb]
     try:
-        verb, rest, offset = split_verb(args)
-        module_name, _ = VERBS[verb]
-        try:
-            module = importlib.import_module(f"verl_safe_launch.cli.{module_name}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"verl_safe_launch.cli.{module_name}":
-                raise
-            raise UsageError(f"verb '{verb}' is not available in this version") from None
-        code: int = module.main(rest, offset)
-        return code
-    except VslError as exc:
-        if os.environ.get("VSL_FULL_ERROR") == "1":
+        module = importlib.import_module(f"verl_safe_launch.cli.{module_name}")
+    except ModuleNotFoundError as exc:
+        if exc.name != f"verl_safe_launch.cli.{module_name}":
             raise
-        print(exc.render(), file=sys.stderr)
-        return exc.exit_code
+        raise UsageError(f"verb '{verb}' is not available in this version") from None
+    code: int = module.main(rest, offset)
+    return code
+
+
+def _report(text: str, code: int, *, traceback_too: bool = True) -> int:
+    """Print one compact message (and, with VSL_FULL_ERROR=1, the traceback first); return ``code``."""
+    try:
+        sys.stdout.flush()
+    except (BrokenPipeError, ValueError):
+        _silence_stdout()
+    if traceback_too and os.environ.get("VSL_FULL_ERROR") == "1":
+        traceback.print_exc()
+    with contextlib.suppress(BrokenPipeError, ValueError):
+        print(text, file=sys.stderr)
+    return code
+
+
+def _tolerant_streams() -> None:
+    """Never crash on output the terminal's encoding cannot show (PYTHONIOENCODING=ascii): escape it."""
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper) and stream.errors == "strict":
+            stream.reconfigure(errors="backslashreplace")
+
+
+def _silence_stdout() -> None:
+    """After the reader of stdout went away (``| head``): send the rest nowhere, so exit does not complain."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
 
 
 def console_main() -> None:

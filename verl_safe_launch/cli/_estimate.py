@@ -24,6 +24,7 @@ from verl_safe_launch.preflight import rule_context
 from verl_safe_launch.presets import compose_for_launch
 from verl_safe_launch.render import Column, findings_json, json_document, render_finding, render_table
 
+MAX_OVERHEAD_GIB = 1024
 EXAMPLES = """\
   verl-safe-launch estimate -c launch_examples/grpo_6gpu.yaml hardware.gpu_memory_gb=80
   verl-safe-launch estimate --fit -c launch_examples/grpo_6gpu.yaml hardware.gpu_memory_gb=80
@@ -69,9 +70,11 @@ def main(args: Sequence[str], offset: int) -> int:
         raise UsageError(
             f"--margin {ns.margin:g} is outside [0, 1)", where="--margin", fix="e.g. --margin 0.1"
         )
-    if ns.overhead < 0:
+    if not 0 <= ns.overhead <= MAX_OVERHEAD_GIB:
         raise UsageError(
-            f"--overhead {ns.overhead:g} is negative", where="--overhead", fix="e.g. --overhead 1"
+            f"--overhead {ns.overhead:g} is outside [0, {MAX_OVERHEAD_GIB}] GiB",
+            where="--overhead",
+            fix="e.g. --overhead 1",
         )
     ctx = rule_context(require_accepted(compose_for_launch(request_from_args(ns, args, offset))))
     est = estimate_memory(ctx, margin=ns.margin, overhead_gib=ns.overhead)

@@ -8,9 +8,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from verl_safe_launch.cli._common import add_compose_args, make_parser, parse
-from verl_safe_launch.cli._migrate import write_atomic
 from verl_safe_launch.cli._slurm import compose_for_allocation
 from verl_safe_launch.errors import EXIT_OK, EXIT_PREFLIGHT, InputError, UsageError
+from verl_safe_launch.files import write_atomic
 from verl_safe_launch.launch import (
     KubeRaySpec,
     check_name,
@@ -94,7 +94,7 @@ def main(args: Sequence[str], offset: int) -> int:
     body = "".join(line + "\n" for line in values.splitlines() if not line.startswith("#"))
     header = "# The verl config of a verl-safe-launch KubeRay job: every value set above verl's defaults.\n"
     text = kuberay.render(spec, header + body, extra)
-    write_atomic(ns.output, text)
+    write_atomic(ns.output, text, force=ns.force, inputs=ns.config, where="-o/--output")
     print(
         f"wrote {ns.output}: RayJob {name} with {ns.nodes} GPU pod(s) × {ns.gpus_per_node} GPUs "
         f"({ns.nodes * ns.gpus_per_node} GPUs), {cpus} CPUs and {memory} GiB each, and ConfigMap {name}-config"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -14,6 +13,7 @@ from verl_safe_launch.cli._common import make_parser, parse
 from verl_safe_launch.compose import compose
 from verl_safe_launch.config_view import ConfigView
 from verl_safe_launch.errors import EXIT_OK, InputError, UsageError
+from verl_safe_launch.files import check_target, write_atomic
 from verl_safe_launch.inputs import GPU_KEYS
 from verl_safe_launch.launch import plan_job
 from verl_safe_launch.shell import JobScript, ScriptLaunch, read_job_script, read_script, seeded_env
@@ -45,8 +45,7 @@ def main(args: Sequence[str], offset: int) -> int:
     parser.add_argument("--launch", type=int, metavar="N", help="which launch of the script (1-based)")
     ns = parse(parser, args)
     output = _output(ns.output, ns.script)
-    if output.exists() and not ns.force:
-        raise InputError(f"{output} already exists", where="-o/--output", fix="pass --force to overwrite it")
+    check_target(output, force=ns.force, inputs=[ns.script], where="-o/--output")
     launches = read_script(ns.script)
     job = read_job_script(ns.script)
     if job.is_job:
@@ -56,7 +55,8 @@ def main(args: Sequence[str], offset: int) -> int:
     migration = plan_migration(launch, composed, output)
     if job.is_job:
         migration = _as_job(migration, job, composed.view, output)
-    write_atomic(output, render_yaml(migration))
+    inputs = [ns.script, *launch.config_files]
+    write_atomic(output, render_yaml(migration), force=ns.force, inputs=inputs, where="-o/--output")
     print(command_line(migration))
     for note in migration.notes:
         print(f"note: {note}", file=sys.stderr)
@@ -115,19 +115,3 @@ def choose_launch(launches: tuple[ScriptLaunch, ...], wanted: int | None, script
     if not 1 <= wanted <= len(launches):
         raise UsageError(f"{script} has no launch {wanted}", where="--launch", fix=f"use one of: {choices}")
     return launches[wanted - 1]
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file in the same directory, then rename it into place."""
-    directory = path.parent if str(path.parent) else Path(".")
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
-    except OSError as exc:
-        raise InputError(f"cannot write {path}: {exc.strerror or exc}", where="-o/--output") from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

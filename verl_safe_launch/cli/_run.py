@@ -61,7 +61,9 @@ def main(args: Sequence[str], offset: int) -> int:
     parser = make_parser(
         "run", "Pre-flight, then launch verl's trainer on Ray with memory logging.", EXAMPLES
     )
-    parser.add_argument("--run-dir", type=Path, help="run directory (default outputs/<date>/<time>)")
+    parser.add_argument(
+        "--run-dir", type=rundir.run_dir_arg, help="run directory (default outputs/<date>/<time>)"
+    )
     parser.add_argument("--force", action="store_true", help=FORCE_HELP)
     parser.add_argument(
         "--dry-run", action="store_true", help="stop after the run directory and verl's validation"
@@ -95,7 +97,7 @@ def _run(ns: argparse.Namespace, args: Sequence[str], offset: int, out: Outcome)
         forced.append("pre-flight errors")
     cfg = resolved_config(composed)
     run_dir = choose_run_dir(ns, forced)
-    write_run_dir(run_dir, cfg, composed, pre, args, list(ns.overrides), forced)
+    write_run_dir(run_dir, cfg, composed, pre, args, list(ns.overrides), forced, ns.config)
     out.data["run_dir"] = str(run_dir)
     out.say(f"run directory: {run_dir}")
     _validate(cfg, run_dir)
@@ -140,7 +142,7 @@ def resolved_config(composed: Composed) -> Any:
 def choose_run_dir(ns: argparse.Namespace, forced: list[str]) -> Path:
     """The run directory: --run-dir, else outputs/<date>/<time>; a non-empty one only with --force."""
     if ns.run_dir is None:
-        return rundir.prepare_run_dir(rundir.auto_run_dir(datetime.now()), force=False)
+        return rundir.auto_run_dir(datetime.now())
     if rundir.is_non_empty(ns.run_dir) and ns.force:
         forced.append("non-empty run directory")
     return rundir.prepare_run_dir(ns.run_dir, force=ns.force)
@@ -154,6 +156,7 @@ def write_run_dir(
     args: Sequence[str],
     overrides: list[str],
     forced: list[str],
+    inputs: Sequence[str],
 ) -> None:
     """config.yaml, overrides, provenance, the pre-flight report and the reproducing command."""
     record = rundir.RunRecord(
@@ -163,7 +166,7 @@ def write_run_dir(
         preflight=rundir.preflight_json(pre.findings, forced),
         command=rundir.reproduce_command(args, Path.cwd(), os.environ),
     )
-    rundir.write_run_files(run_dir, record)
+    rundir.write_run_files(run_dir, record, inputs)
 
 
 def _validate(cfg: Any, run_dir: Path) -> None:

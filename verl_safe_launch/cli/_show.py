@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from verl_safe_launch.cli._common import add_compose_args, compose_from_args, make_parser, parse, print_json
+from verl_safe_launch.compose import Composed, resolution_findings
 from verl_safe_launch.config_view import ConfigView, format_value
-from verl_safe_launch.errors import UsageError
+from verl_safe_launch.errors import ConfigError, UsageError, VslError, collect
 from verl_safe_launch.provenance import Provenance
 from verl_safe_launch.render import json_document
 
@@ -27,8 +28,10 @@ def main(args: Sequence[str], offset: int) -> int:
     parser.add_argument("--key", help="one key or subtree (dotted), with its full chain of values")
     add_compose_args(parser)
     ns = parse(parser, args)
-    view = compose_from_args(ns, args, offset).view
+    composed = compose_from_args(ns, args, offset)
+    view = composed.view
     keys = _selected(view, ns.key)
+    _refuse_unresolved(composed, keys)
     if ns.format == "json":
         print_json(_json(view, keys, ns.key, ns.origin))
     elif ns.origin or (ns.key and len(keys) == 1):
@@ -36,6 +39,18 @@ def main(args: Sequence[str], offset: int) -> int:
     else:
         print(_yaml(view, ns.key), end="")
     return 0
+
+
+def _refuse_unresolved(composed: Composed, keys: list[str]) -> None:
+    """A value that does not resolve is an error (what verl would hit), not a line of output."""
+    wanted = set(keys)
+    errors: list[VslError] = [
+        ConfigError(f.message, where=f.sources[0][2].describe() if f.sources else None, fix=f.fix)
+        for f in resolution_findings(composed)
+        if f.keys[0] in wanted
+    ]
+    if errors:
+        raise collect(errors)
 
 
 def _selected(view: ConfigView, key: str | None) -> list[str]:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -21,6 +23,7 @@ from verl_safe_launch.cli._common import (
 from verl_safe_launch.compose import Composed
 from verl_safe_launch.config_view import ConfigView
 from verl_safe_launch.errors import EXIT_OK, EXIT_PREFLIGHT, LaunchError, UsageError
+from verl_safe_launch.files import check_target, write_files
 from verl_safe_launch.findings import Finding, Severity, has_errors
 from verl_safe_launch.inputs import (
     DETECT_ENV,
@@ -72,15 +75,19 @@ def _parser() -> argparse.ArgumentParser:
         EXAMPLES,
     )
     job = parser.add_argument_group("the allocation (#SBATCH lines)")
-    job.add_argument("--nodes", type=int, default=1, metavar="N", help="nodes (default 1)")
-    job.add_argument("--gpus-per-node", type=int, required=True, metavar="G", help="GPUs on every node")
+    job.add_argument("--nodes", type=slurm.count_arg, default=1, metavar="N", help="nodes (default 1)")
+    job.add_argument(
+        "--gpus-per-node", type=slurm.count_arg, required=True, metavar="G", help="GPUs on every node"
+    )
     job.add_argument(
         "--cpus-per-task",
-        type=int,
+        type=slurm.count_arg,
         metavar="C",
         help="CPUs per node, all of them Ray's (default: the Ray CPUs this run reserves per node)",
     )
-    for flag in ("--mem", "--time", "--partition", "--account", "--qos"):
+    job.add_argument("--mem", type=slurm.mem_arg, help="sbatch --mem, e.g. 480G (K, M, G or T; M without)")
+    job.add_argument("--time", type=slurm.time_arg, help="sbatch --time, e.g. 24:00:00 or 2-00:00:00")
+    for flag in ("--partition", "--account", "--qos"):
         job.add_argument(flag, help=f"sbatch {flag}")
     job.add_argument("--job-name", default="verl", help="sbatch --job-name (default verl)")
     job.add_argument("--output", help="sbatch --output (default JOB-%%j.out beside the script)")
@@ -106,7 +113,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     nodes.add_argument(
         "--join-timeout",
-        type=int,
+        type=slurm.seconds_arg,
         default=slurm.DEFAULT_JOIN_TIMEOUT_S,
         metavar="SECONDS",
         help="fail when Ray is not up on every node within this time (default %(default)s)",
@@ -123,6 +130,8 @@ def _write_job(args: Sequence[str], offset: int) -> int:
     ns = parse(_parser(), args)
     script = ns.script.absolute()
     config = _config_path(script)
+    for path in (script, config):
+        check_target(path, force=ns.force, inputs=ns.config, where="command line (-o)")
     composed, profile = compose_for_allocation(ns, args, offset)
     pre = run_preflight(composed, profile)
     cpus, cpu_finding = _cpus_per_task(composed.view, ns.cpus_per_task, ns.nodes)
@@ -132,10 +141,12 @@ def _write_job(args: Sequence[str], offset: int) -> int:
     if has_errors(findings):
         _report(ns, findings, {"status": "preflight-failed"})
         return EXIT_PREFLIGHT
-    _refuse_overwrite((script, config), ns.force)
     values = slurm.user_layer(composed.view)
-    _write_files(
-        {config: (slurm.render_user_yaml(values), 0o644), script: (slurm.render_sbatch(spec), 0o755)}
+    write_files(
+        {config: (slurm.render_user_yaml(values), 0o644), script: (slurm.render_sbatch(spec), 0o755)},
+        force=ns.force,
+        inputs=ns.config,
+        where="command line (-o)",
     )
     result: dict[str, object] = {"status": "written", "script": str(script), "config": str(config)}
     text = [
@@ -146,7 +157,7 @@ def _write_job(args: Sequence[str], offset: int) -> int:
         result["job_id"] = _submit(script)
         text.append(f"submitted batch job {result['job_id']}")
     else:
-        text.append(f"submit with: sbatch {script}")
+        text.append(f"submit with: sbatch {shlex.quote(str(script))}")
     _report(ns, findings, result, text)
     return EXIT_OK
 
@@ -239,47 +250,20 @@ def _spec(
     )
 
 
-def _refuse_overwrite(paths: Sequence[Path], force: bool) -> None:
-    existing = [p for p in paths if p.exists()]
-    if existing and not force:
-        raise UsageError(
-            f"{existing[0]} already exists",
-            where="command line (-o)",
-            fix="pass --force to overwrite it, or choose another -o",
-        )
-
-
-def _write_files(files: dict[Path, tuple[str, int]]) -> None:
-    """Write every file or none: each goes to a temporary name first, then all are renamed."""
-    staged: list[tuple[Path, Path]] = []
-    try:
-        for path, (text, mode) in files.items():
-            tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-            staged.append((tmp, path))
-            tmp.write_text(text)
-            tmp.chmod(mode)
-    except OSError as exc:
-        for tmp, _ in staged:
-            tmp.unlink(missing_ok=True)
-        raise UsageError(f"cannot write {exc.filename}: {exc.strerror}", where="command line (-o)") from None
-    for tmp, path in staged:
-        tmp.replace(path)
-
-
 def _submit(script: Path) -> str:
     sbatch = shutil.which("sbatch")
     if sbatch is None:
         raise UsageError(
             "sbatch is not on PATH, so the job was written but not submitted",
             where="--submit",
-            fix=f"submit it on a Slurm login node: sbatch {script}",
+            fix=f"submit it on a Slurm login node: sbatch {shlex.quote(str(script))}",
         )
     done = subprocess.run([sbatch, "--parsable", str(script)], capture_output=True, text=True, check=False)
     if done.returncode != 0:
         detail = (done.stderr.strip() or done.stdout.strip()).splitlines()
         raise LaunchError(
             f"sbatch refused the job: {detail[-1] if detail else f'exit status {done.returncode}'}",
-            where=f"sbatch --parsable {script}",
+            where=f"sbatch --parsable {shlex.quote(str(script))}",
             fix="fix the #SBATCH options (partition, account, time) and run sbatch again",
         )
     return done.stdout.strip().split(";", 1)[0]
@@ -326,10 +310,14 @@ def _wait_ray(args: Sequence[str], offset: int) -> int:
 
     parser = make_parser("slurm wait-ray", "Wait until every node's Ray has joined.", IN_JOB_EXAMPLES)
     parser.add_argument("--address", required=True, help="the Ray head's GCS address (host:port)")
-    parser.add_argument("--timeout", type=float, default=slurm.DEFAULT_JOIN_TIMEOUT_S, help="seconds")
+    parser.add_argument(
+        "--timeout", type=slurm.seconds_arg, default=slurm.DEFAULT_JOIN_TIMEOUT_S, help="seconds"
+    )
     parser.add_argument("hosts", nargs="+", metavar="HOST", help="the Slurm node names (Ray node names)")
     ns = parse(parser, args)
-    result = slurm_job.wait_for_nodes(ns.hosts, slurm_job.ray_node_lister(ns.address), ns.timeout)
+    start = time.monotonic()
+    lister = slurm_job.ray_node_lister(ns.address, ns.timeout)
+    result = slurm_job.wait_for_nodes(ns.hosts, lister, max(ns.timeout - (time.monotonic() - start), 0.0))
     if result.missing:
         raise slurm_job.missing_error(result, ns.hosts, ns.timeout)
     print(slurm_job.joined_line(result, ns.hosts), flush=True)

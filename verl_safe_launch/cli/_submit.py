@@ -98,7 +98,7 @@ def _submit(
     forced = ["pre-flight errors"] if not pre.ok else []
     cfg = resolved_config(composed)
     run_dir = choose_run_dir(ns, forced)
-    write_run_dir(run_dir, cfg, composed, pre, args, list(ns.overrides), forced)
+    write_run_dir(run_dir, cfg, composed, pre, args, list(ns.overrides), forced, ns.config)
     values = {k: v for k, v in slurm.user_layer(composed.view).items() if k != "ray_kwargs.ray_init.address"}
     rundir.atomic_write(run_dir / JOB_CONFIG, slurm.render_user_yaml(values))
     command = entrypoint(JOB_CONFIG, slurm.argv_overrides(composed))

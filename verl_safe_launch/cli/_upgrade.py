@@ -22,9 +22,10 @@ from verl_safe_launch.audit import (
     token_key,
 )
 from verl_safe_launch.cli._common import add_format_arg, make_parser, parse, print_json
-from verl_safe_launch.cli._migrate import choose_launch, write_atomic
+from verl_safe_launch.cli._migrate import choose_launch
 from verl_safe_launch.compose import compose
 from verl_safe_launch.errors import EXIT_OK, InputError, UsageError
+from verl_safe_launch.files import write_atomic
 from verl_safe_launch.inputs import ComposeRequest, OverrideToken, read_yaml
 from verl_safe_launch.provenance import Layer, Source
 from verl_safe_launch.shell import ScriptLaunch, read_script
@@ -89,7 +90,8 @@ def main(args: Sequence[str], offset: int) -> int:
 
     defaults = default_changes(upgrade.tokens, source, installed, used)
     migration = plan_migration(upgraded, composed, output)
-    write_atomic(output, render_yaml(migration))
+    inputs = [path, *launch.config_files]
+    write_atomic(output, render_yaml(migration), force=ns.force, inputs=inputs, where="-o/--output")
     notes = [Change("unresolved", "", note) for note in migration.notes]
     changes = (*upgrade.changes, *unknown, *notes, *defaults)
     if ns.format == "json":

@@ -13,6 +13,7 @@ from verl_safe_launch.compose.engine import (
 )
 from verl_safe_launch.compose.interpolation import Resolver
 from verl_safe_launch.compose.overlay import Overlay, config_groups
+from verl_safe_launch.compose.resolution import resolution_findings, structure_findings
 
 __all__ = [
     "Composed",
@@ -25,4 +26,6 @@ __all__ = [
     "config_groups",
     "preset_dir",
     "require_accepted",
+    "resolution_findings",
+    "structure_findings",
 ]

@@ -15,7 +15,7 @@ from typing import Any
 from verl_safe_launch.compose import _hydra
 from verl_safe_launch.compose.interpolation import Resolver, Unsupported, absolute_key
 from verl_safe_launch.config_view import ConfigView, flatten
-from verl_safe_launch.errors import ConfigError, UsageError, VslError, collect
+from verl_safe_launch.errors import ConfigError, InputError, UsageError, VslError, collect
 from verl_safe_launch.inputs import (
     ComposeRequest,
     OverrideToken,
@@ -31,6 +31,8 @@ from verl_safe_launch.inputs import (
 from verl_safe_launch.provenance import Layer, Provenance, Source, Write, writes_by_key
 
 _STRIPPED_FILE_KEYS = ("defaults", "hydra")
+MAX_LAYER_KEYS = 2_000
+"""The most keys one user file or one command line may set (verl's whole config has about 1,000 leaves)."""
 _INTERP = re.compile(r"\$\{(?:oc\.select:)?\s*([^,}\s]+)")
 
 
@@ -74,6 +76,11 @@ def compose(request: ComposeRequest) -> Composed:
     """
     from omegaconf import OmegaConf
 
+    if len(request.overrides) > MAX_LAYER_KEYS:
+        raise UsageError(
+            f"{len(request.overrides):,} overrides in one launch, over the limit of {MAX_LAYER_KEYS:,}",
+            fix="move the values into a YAML file (-c), one key per line",
+        )
     verl_tokens, tool = split_tool_tokens(request.overrides)
     parsed = [(parse_override(t), t) for t in verl_tokens]
     base, config_overrides = _verl_base(parsed, verl_tokens)
@@ -121,7 +128,7 @@ def _verl_base(
         key = tuple(o.input_line for o in groups)
         if key not in _BASES:
             _BASES[key] = _compose_verl(groups)
-    except HydraException as exc:
+    except (HydraException, ValueError) as exc:
         raise ConfigError(
             f"cannot compose verl's config: {str(exc).splitlines()[0]}",
             where=_token_mentioned(str(exc), tokens),
@@ -173,14 +180,41 @@ def _user_layers(preset: str | None, tool: ToolSettings, request: ComposeRequest
     if request.adapted:
         layers.append(list(request.adapted))
     for path in request.config_files:
-        layers.append(_file_writes(path, Source(Layer.FILE), str(path)))
+        layers.append(_file_writes(path, Source(Layer.FILE), str(path), user=True))
     return layers
 
 
-def _file_writes(path: Path, base: Source, shown: str) -> list[Write]:
+def _file_writes(path: Path, base: Source, shown: str, *, user: bool = False) -> list[Write]:
     doc = read_yaml(path, expand_dots=True)
+    if user:
+        _refuse_hydra_keys(doc, shown)
+        if len(doc.leaves) > MAX_LAYER_KEYS:
+            raise InputError(
+                f"{shown} sets {len(doc.leaves):,} keys, over the limit of {MAX_LAYER_KEYS:,} for one file",
+                where=shown,
+                fix="verl's whole config has about 1,000 keys: keep the ones this run changes",
+            )
     leaves = [leaf for leaf in doc.leaves if leaf.key.split(".", 1)[0] not in _STRIPPED_FILE_KEYS]
     return [_leaf_write(leaf, base, shown) for leaf in leaves]
+
+
+_HYDRA_KEY_FIX = {
+    "defaults": "delete the 'defaults:' list and select config groups on the command line "
+    "(e.g. model_engine=megatron)",
+    "hydra": "delete the 'hydra:' section: Hydra's own settings are not part of verl's config",
+}
+
+
+def _refuse_hydra_keys(doc: YamlDoc, shown: str) -> None:
+    """A user layer holds verl keys only: a top-level ``defaults:`` or ``hydra:`` would be silently dropped."""
+    for leaf in doc.leaves:
+        top = leaf.key.split(".", 1)[0]
+        if top in _STRIPPED_FILE_KEYS:
+            raise InputError(
+                f"{shown}: the top-level '{top}:' is not applied from a -c file (it is Hydra's, not verl's)",
+                where=f"{shown}:{leaf.line}",
+                fix=_HYDRA_KEY_FIX[top],
+            )
 
 
 def _leaf_write(leaf: YamlLeaf, base: Source, shown: str) -> Write:

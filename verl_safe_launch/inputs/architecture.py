@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from verl_safe_launch.context import Architecture
+from verl_safe_launch.errors import InputError
+from verl_safe_launch.files import MAX_INPUT_BYTES, read_input
 
 
 def from_config_dict(data: dict[str, Any], name: str, source: str) -> Architecture:
@@ -109,10 +111,41 @@ def _from_hf_cache(repo_id: str) -> Path | None:
 
 def _read_json(path: Path) -> dict[str, Any] | None:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        data = json.loads(read_input(path, what="model config.json", limit=4 * MAX_INPUT_BYTES))
+    except (ValueError, RecursionError):
         return None
     return data if isinstance(data, dict) else None
+
+
+_REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+_OPTIONAL = (
+    "num_key_value_heads",
+    "intermediate_size",
+    "max_position_embeddings",
+    "head_dim",
+    "num_experts",
+    "n_routed_experts",
+    "num_experts_per_tok",
+    "moe_intermediate_size",
+)
+MAX_DIMENSION = 10**9
+
+
+def _check_dimensions(data: dict[str, Any], label: str) -> None:
+    """Every size a memory estimate divides or multiplies by is a whole number in range; else an InputError."""
+    nested = data.get("text_config")
+    merged = {**data, **(nested if isinstance(nested, dict) else {})}
+    for key in (*_REQUIRED, *_OPTIONAL):
+        value = merged.get(key)
+        if value is None and key in _OPTIONAL:
+            continue
+        low = 1 if key in _REQUIRED else 0
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= MAX_DIMENSION:
+            raise InputError(
+                f"{label}: {key} is {json.dumps(value)}, not a whole number from {low} to {MAX_DIMENSION:,}",
+                where=label,
+                fix="point actor_rollout_ref.model.path at a model directory with a valid config.json",
+            )
 
 
 def load_architecture(model_path: str | None) -> Architecture | None:
@@ -127,7 +160,10 @@ def load_architecture(model_path: str | None) -> Architecture | None:
     for path, label in candidates:
         if path is not None and path.is_file():
             data = _read_json(path)
-            if data is not None and "hidden_size" in {**data, **data.get("text_config", {})}:
+            nested = data.get("text_config") if data is not None else None
+            inner: dict[str, Any] = nested if isinstance(nested, dict) else {}
+            if data is not None and "hidden_size" in {**data, **inner}:
+                _check_dimensions(data, label)
                 return from_config_dict(data, str(model_path), label)
     return _from_table(str(model_path))
 

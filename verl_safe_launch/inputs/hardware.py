@@ -128,12 +128,16 @@ def as_profile(tool: ToolSettings, hardware: HardwareFacts | HardwareProfile | N
 def _from_tokens(tool: ToolSettings) -> HardwareProfile:
     hw = tool.hardware
     return HardwareProfile(
-        nodes=_token(hw, "nodes", _positive_int, "a positive whole number", "hardware.nodes=2"),
+        nodes=_token(hw, "nodes", _positive_int, "a whole number from 1 to 100000", "hardware.nodes=2"),
         gpus_per_node=_token(
-            hw, "gpus_per_node", _positive_int, "a positive whole number", "hardware.gpus_per_node=8"
+            hw, "gpus_per_node", _positive_int, "a whole number from 1 to 100000", "hardware.gpus_per_node=8"
         ),
         gpu_memory_gb=_token(
-            hw, "gpu_memory_gb", _positive_float, "a positive number of GB", "hardware.gpu_memory_gb=80"
+            hw,
+            "gpu_memory_gb",
+            _positive_float,
+            "a number of GB above 0 and at most 10000",
+            "hardware.gpu_memory_gb=80",
         ),
         gpu_name=_token(hw, "gpu_name", _non_empty, "a non-empty name", "hardware.gpu_name=H100"),
         flash_attn=_token(hw, "flash_attn", _boolean, "true or false", "hardware.flash_attn=false"),
@@ -163,8 +167,15 @@ def _token(
     return Fact(value, Source(Layer.HARDWARE, reason=f"declared on the {source.describe()}"))
 
 
+MAX_COUNT = 100_000
+"""The largest node or GPU count taken (a larger one is a typo, and would only overflow the arithmetic)."""
+MAX_GPU_MEMORY_GB = 10_000.0
+
+
 def _positive_int(text: str) -> int | None:
-    return int(text) if text.isdigit() and int(text) > 0 else None
+    if not text.isascii() or not text.isdigit() or len(text) > 6:
+        return None
+    return int(text) if 0 < int(text) <= MAX_COUNT else None
 
 
 def _positive_float(text: str) -> float | None:
@@ -172,7 +183,7 @@ def _positive_float(text: str) -> float | None:
         value = float(text)
     except ValueError:
         return None
-    return value if value > 0 and value != float("inf") else None
+    return value if 0 < value <= MAX_GPU_MEMORY_GB else None
 
 
 def _non_empty(text: str) -> str | None:

@@ -37,6 +37,35 @@ def cli_tokens(texts: Sequence[str], positions: Sequence[int] | None = None) -> 
     )
 
 
+def _refuse_prefixed_tool_token(token: OverrideToken, key: str, value: str) -> None:
+    """``+preset=``/``~preset``/``++hardware.nodes=``: Hydra's prefixes mean nothing on tool tokens; never ignore them."""
+    bare = key.lstrip("+~")
+    if bare != key and (bare == "preset" or bare.startswith("hardware.")):
+        raise UsageError(
+            f"'{token.text}': {bare} is a verl-safe-launch token, not a verl key, so '{key[: len(key) - len(bare)]}' "
+            "does not apply to it ('+preset=' is the spelling for verl's own entry point)",
+            where=token.source.describe(),
+            fix=f"write {bare}={value}" if value else f"drop '{token.text}'",
+        )
+
+
+def _one_preset(current: tuple[str, Source] | None, value: str, token: OverrideToken) -> tuple[str, Source]:
+    """The preset a token names; an empty name or a second, different preset is a UsageError."""
+    if not value.strip():
+        raise UsageError(
+            "'preset=' names no preset",
+            where=token.source.describe(),
+            fix="name one (see 'verl-safe-launch presets'), or drop the token",
+        )
+    if current is not None and current[0] != value:
+        raise UsageError(
+            f"two presets: preset={current[0]} ({current[1].describe()}) and preset={value}",
+            where=token.source.describe(),
+            fix="keep one preset=NAME; a preset is a whole starting point, they do not stack",
+        )
+    return (value, token.source)
+
+
 def split_tool_tokens(tokens: Sequence[OverrideToken]) -> tuple[tuple[OverrideToken, ...], ToolSettings]:
     """Separate ``preset=`` and ``hardware.*=`` tokens from the overrides meant for verl."""
     verl: list[OverrideToken] = []
@@ -44,8 +73,9 @@ def split_tool_tokens(tokens: Sequence[OverrideToken]) -> tuple[tuple[OverrideTo
     hardware: dict[str, tuple[str, Source]] = {}
     for token in tokens:
         key, sep, value = token.text.partition("=")
+        _refuse_prefixed_tool_token(token, key, value)
         if sep and key == "preset":
-            preset = (value, token.source)
+            preset = _one_preset(preset, value, token)
         elif sep and key.startswith("hardware."):
             name = key[len("hardware.") :]
             if name not in HARDWARE_KEYS:

@@ -11,6 +11,7 @@ import yaml
 
 from verl_safe_launch.config_view import nest
 from verl_safe_launch.errors import InputError
+from verl_safe_launch.files import read_text_input
 
 
 @dataclass(frozen=True)
@@ -49,12 +50,7 @@ def _loader_class() -> Any:
 
 def read_yaml(path: Path, *, expand_dots: bool) -> YamlDoc:
     """Read a YAML file whose top level must be a mapping; raise InputError on any problem."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError(f"file not found: {path}", fix="check the path passed to -c/--config") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read {path}: {exc}") from None
+    text = read_text_input(path, what="file", missing_fix="check the path passed to -c/--config")
     return parse_yaml(text, str(path), expand_dots=expand_dots)
 
 
@@ -66,6 +62,7 @@ def parse_yaml(text: str, name: str, *, expand_dots: bool) -> YamlDoc:
         walker = _Walker(loader, name, expand_dots)
         if node is None:
             return YamlDoc({}, (), _header(text))
+        _check_size(node, name)
         if not isinstance(node, yaml.MappingNode):
             line = node.start_mark.line + 1
             raise InputError(
@@ -83,6 +80,55 @@ def parse_yaml(text: str, name: str, *, expand_dots: bool) -> YamlDoc:
     finally:
         loader.dispose()
     return YamlDoc(data, tuple(walker.leaves), _header(text))
+
+
+MAX_YAML_DEPTH = 100
+MAX_YAML_NODES = 100_000
+"""The most values a YAML document may expand to, aliases counted at every use (verl's own config has ~1,500)."""
+
+
+def _check_size(root: yaml.Node, name: str) -> None:
+    """Refuse a document that expands to more than MAX_YAML_NODES values (an alias bomb) or refers to itself."""
+    sizes: dict[int, int] = {}
+    open_nodes: set[int] = set()
+
+    def size(node: yaml.Node, depth: int) -> int:
+        if depth > MAX_YAML_DEPTH:
+            raise InputError(
+                f"{name} nests deeper than {MAX_YAML_DEPTH} levels (the limit)",
+                where=f"{name}:{node.start_mark.line + 1}",
+                fix="flatten the nesting",
+            )
+        key = id(node)
+        if key in sizes:
+            return sizes[key]
+        if key in open_nodes:
+            line = node.start_mark.line + 1
+            raise InputError(
+                f"{name} contains an alias that refers to itself",
+                where=f"{name}:{line}",
+                fix="remove the alias",
+            )
+        open_nodes.add(key)
+        children: list[yaml.Node] = []
+        if isinstance(node, yaml.SequenceNode):
+            children = list(node.value)
+        elif isinstance(node, yaml.MappingNode):
+            children = [n for pair in node.value for n in pair]
+        total = 1
+        for child in children:
+            total += size(child, depth + 1)
+            if total > MAX_YAML_NODES:
+                raise InputError(
+                    f"{name} expands to more than {MAX_YAML_NODES:,} values (the limit; aliases count at every use)",
+                    where=f"{name}:{node.start_mark.line + 1}",
+                    fix="write the config out without repeated '*alias' references",
+                )
+        open_nodes.discard(key)
+        sizes[key] = total
+        return total
+
+    size(root, 0)
 
 
 def _header(text: str) -> str:

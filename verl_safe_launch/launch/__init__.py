@@ -69,8 +69,18 @@ from verl_safe_launch.launch.rundir import (
     config_digest,
     prepare_run_dir,
     reproduce_command,
+    run_dir_arg,
 )
-from verl_safe_launch.launch.slurm import Container, SlurmSpec, render_sbatch, sbatch_options
+from verl_safe_launch.launch.slurm import (
+    Container,
+    SlurmSpec,
+    count_arg,
+    mem_arg,
+    render_sbatch,
+    sbatch_options,
+    seconds_arg,
+    time_arg,
+)
 from verl_safe_launch.launch.slurm_audit import (
     BRINGUP_RULES,
     BringupContext,
@@ -142,6 +152,7 @@ __all__ = [
     "client",
     "cluster_nodes",
     "config_digest",
+    "count_arg",
     "diagnose",
     "diagnosis_json",
     "entrypoint",
@@ -160,6 +171,7 @@ __all__ = [
     "load_fit",
     "local_gpu_count",
     "local_num_cpus",
+    "mem_arg",
     "missing_error",
     "node_findings",
     "node_need",
@@ -182,9 +194,12 @@ __all__ = [
     "render_plan",
     "render_sbatch",
     "reproduce_command",
+    "run_dir_arg",
     "sbatch_options",
     "scan_lines",
+    "seconds_arg",
     "status_name",
+    "time_arg",
     "validate_with_verl",
     "wait",
     "wait_for_nodes",

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import hashlib
-import os
 import shlex
 import sys
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -15,6 +13,7 @@ from typing import Any
 
 from verl_safe_launch.config_view import ConfigView
 from verl_safe_launch.errors import UsageError
+from verl_safe_launch.files import ensure_directory, make_directory, write_atomic, write_files
 from verl_safe_launch.findings import Finding
 from verl_safe_launch.render import json_document, json_text
 
@@ -37,17 +36,15 @@ class RunRecord:
 
 
 def auto_run_dir(now: datetime, root: Path = DEFAULT_ROOT) -> Path:
-    """Hydra's convention ``outputs/<date>/<time>``; a suffix keeps two launches in one second apart."""
-    base = root / now.strftime("%Y-%m-%d") / now.strftime("%H-%M-%S")
-    candidate, n = base, 0
-    while is_non_empty(candidate):
-        n += 1
-        candidate = base.with_name(f"{base.name}_{n}")
-    return candidate
+    """Create Hydra's ``outputs/<date>/<time>``; a suffix keeps two launches in one second apart.
+
+    The directory is made with one ``mkdir`` (no exist_ok), so two launches never share it.
+    """
+    return make_directory(root / now.strftime("%Y-%m-%d") / now.strftime("%H-%M-%S"))
 
 
 def prepare_run_dir(path: Path, *, force: bool) -> Path:
-    """Create the run directory; refuse a non-empty one unless forced."""
+    """Create the run directory; refuse a file, or a non-empty directory unless forced."""
     if path.exists() and not path.is_dir():
         raise UsageError(
             f"run directory {path} exists and is not a directory", "--run-dir", "choose another path"
@@ -58,8 +55,19 @@ def prepare_run_dir(path: Path, *, force: bool) -> Path:
             where="--run-dir",
             fix="choose a new --run-dir, or pass --force to write into it (same-named files are replaced)",
         )
-    path.mkdir(parents=True, exist_ok=True)
+    ensure_directory(path)
     return path
+
+
+def run_dir_arg(text: str) -> Path:
+    """The ``--run-dir`` argument; an empty or blank one (an unset shell variable) is refused, not taken as '.'."""
+    if not text.strip():
+        raise UsageError(
+            f"--run-dir {text!r} is empty",
+            where="--run-dir",
+            fix="name a directory (is a shell variable unset?)",
+        )
+    return Path(text)
 
 
 def is_non_empty(path: Path) -> bool:
@@ -93,26 +101,21 @@ def reproduce_command(args: Sequence[str], cwd: Path, env: Mapping[str, str]) ->
     return "\n".join(lines) + "\n"
 
 
-def write_run_files(run_dir: Path, record: RunRecord) -> None:
-    """Write every run file atomically (a reader never sees a half-written file)."""
-    atomic_write(run_dir / CONFIG_FILE, record.config_yaml)
-    atomic_write(run_dir / "overrides.txt", "".join(f"{text}\n" for text in record.overrides))
-    atomic_write(run_dir / "provenance.json", json_text(record.provenance))
-    atomic_write(run_dir / "preflight.json", json_text(record.preflight))
-    atomic_write(run_dir / "command.sh", record.command, mode=0o755)
+def write_run_files(run_dir: Path, record: RunRecord, inputs: Sequence[Path | str] = ()) -> None:
+    """Write every run file atomically (a reader never sees a half-written file); ``inputs`` are never replaced."""
+    files = {
+        run_dir / CONFIG_FILE: (record.config_yaml, 0o644),
+        run_dir / "overrides.txt": ("".join(f"{text}\n" for text in record.overrides), 0o644),
+        run_dir / "provenance.json": (json_text(record.provenance), 0o644),
+        run_dir / "preflight.json": (json_text(record.preflight), 0o644),
+        run_dir / "command.sh": (record.command, 0o755),
+    }
+    write_files(files, force=True, inputs=inputs, where="run directory", keep_mode=False)
 
 
 def atomic_write(path: Path, text: str, mode: int = 0o644) -> None:
-    """Write to a temporary file in the same directory, then rename it over ``path``."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Write through a private temp file in the same directory, then rename it over ``path`` (a regular file)."""
+    write_atomic(path, text, force=True, mode=mode, where="run directory", keep_mode=False)
 
 
 def provenance_json(view: ConfigView) -> dict[str, Any]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import re
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -76,6 +78,44 @@ def sbatch_options(spec: SlurmSpec) -> list[tuple[str, str]]:
     return sorted((flag, value) for flag, value in options.items() if value is not None)
 
 
+MAX_NODES = 100_000
+_TIME = re.compile(r"[0-9]+(:[0-9]+){0,2}|[0-9]+-[0-9]+(:[0-9]+){0,2}")
+_MEM = re.compile(r"[0-9]+[KMGT]?", re.IGNORECASE)
+_WHOLE = re.compile(r"[0-9]{1,12}")
+
+
+def count_arg(text: str) -> int:
+    """A count option (``--nodes``, ``--gpus-per-node``, ``--cpus-per-task``): a whole number 1..100000."""
+    if not _WHOLE.fullmatch(text) or not 1 <= int(text) <= MAX_NODES:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number from 1 to {MAX_NODES}")
+    return int(text)
+
+
+def time_arg(text: str) -> str:
+    """``--time`` in one of Slurm's formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S, or UNLIMITED."""
+    if text.upper() in ("UNLIMITED", "INFINITE") or _TIME.fullmatch(text):
+        return text
+    raise argparse.ArgumentTypeError(
+        f"{text!r} is not a Slurm time: use minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS (e.g. 24:00:00)"
+    )
+
+
+def mem_arg(text: str) -> str:
+    """``--mem`` in Slurm's format: a whole number with an optional K, M, G or T suffix (megabytes without)."""
+    if _MEM.fullmatch(text):
+        return text
+    raise argparse.ArgumentTypeError(
+        f"{text!r} is not a Slurm memory size: a whole number with an optional K, M, G or T suffix (e.g. 480G)"
+    )
+
+
+def seconds_arg(text: str) -> int:
+    """A timeout in whole seconds, at least 1."""
+    if not _WHOLE.fullmatch(text) or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of seconds, at least 1")
+    return int(text)
+
+
 def validate_spec(spec: SlurmSpec) -> None:
     """Raise a UsageError for anything the script cannot say exactly."""
     if spec.nodes < 1 or spec.gpus_per_node < 1:
@@ -107,9 +147,10 @@ def _validate_container(spec: SlurmSpec, container: Container) -> None:
             fix="use one of: " + ", ".join(RUNTIMES),
         )
     bad = [d for d in _binds(spec) if "," in d or ":" in d]
-    if container.runtime == "pyxis" and bad:
+    if bad:
+        flag = "--container-mounts" if container.runtime == "pyxis" else "--bind"
         raise UsageError(
-            f"{bad[0]} contains ',' or ':', which --container-mounts cannot carry",
+            f"{bad[0]} contains ',' or ':', which {container.runtime}'s {flag} reads as separators",
             where="command line (-o)",
             fix="write the job into a directory without ',' or ':' in its path",
         )

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import re
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from verl_safe_launch.config_view import ConfigView
-from verl_safe_launch.errors import LaunchError
+from verl_safe_launch.errors import LaunchError, UsageError
 from verl_safe_launch.inputs import GPU_KEYS, HardwareProfile
 
 POLL_S = 1.0
@@ -98,25 +100,56 @@ def missing_error(result: Joined, hosts: Sequence[str], timeout_s: float) -> Lau
     )
 
 
-def ray_node_lister(address: str) -> Callable[[], list[RayNode]]:
-    """Connect to the job's Ray cluster (as a client) and return a function listing its nodes."""
+_ADDRESS = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):[0-9]{1,5}")
+
+
+def ray_node_lister(address: str, timeout_s: float = 60.0) -> Callable[[], list[RayNode]]:
+    """Connect to the job's Ray cluster (as a client) within ``timeout_s`` and return a function listing its nodes.
+
+    ``ray.init`` has no timeout of its own, so it runs in a daemon thread that is abandoned at the deadline.
+    """
+    if not _ADDRESS.fullmatch(address):
+        raise UsageError(
+            f"--address {address!r} is not a Ray GCS address (HOST:PORT)",
+            where="command line (--address)",
+            fix="e.g. --address 10.0.0.1:6379",
+        )
+    outcome: list[BaseException | None] = []
+    thread = threading.Thread(target=_ray_init, args=(address, outcome), daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if not outcome:
+        raise LaunchError(
+            f"cannot reach the job's Ray head at {address} within {timeout_s:g} s",
+            where="RAY_ADDRESS of the job",
+            fix="see ray-head-<host>.log in the job's log directory",
+        )
+    if outcome[0] is not None:
+        raise LaunchError(
+            f"cannot reach the job's Ray head at {address}: {outcome[0]}",
+            where="RAY_ADDRESS of the job",
+            fix="see ray-head-<host>.log in the job's log directory",
+        )
+
+    import ray
+
+    def list_nodes() -> list[RayNode]:
+        return [_node(info) for info in ray.nodes()]  # type: ignore[no-untyped-call]
+
+    return list_nodes
+
+
+def _ray_init(address: str, outcome: list[BaseException | None]) -> None:
     import logging
 
     import ray
 
     try:
         ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
-    except (ConnectionError, RuntimeError) as exc:
-        raise LaunchError(
-            f"cannot reach the job's Ray head at {address}: {exc}",
-            where="RAY_ADDRESS of the job",
-            fix="see ray-head-<host>.log in the job's log directory",
-        ) from None
-
-    def list_nodes() -> list[RayNode]:
-        return [_node(info) for info in ray.nodes()]  # type: ignore[no-untyped-call]
-
-    return list_nodes
+    except Exception as exc:
+        outcome.append(exc)
+    else:
+        outcome.append(None)
 
 
 def _node(info: Mapping[str, Any]) -> RayNode:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from verl_safe_launch.audit import audit
-from verl_safe_launch.compose import Composed
+from verl_safe_launch.compose import Composed, resolution_findings, structure_findings
 from verl_safe_launch.context import Architecture, HardwareFacts, RuleContext
 from verl_safe_launch.findings import Finding, has_errors
 from verl_safe_launch.inputs import (
@@ -52,7 +52,7 @@ def run_preflight(composed: Composed, hardware: HardwareFacts | HardwareProfile 
     """Run every pre-flight stage on a composed config and collect all findings."""
     profile = as_profile(composed.tool, hardware)
     ctx = rule_context(composed, profile.facts())
-    findings: list[Finding] = []
+    findings: list[Finding] = [*structure_findings(composed), *resolution_findings(composed)]
     findings.extend(audit(composed))
     findings.extend(preset_findings(composed, profile))
     findings.extend(hardware_findings(composed.view, profile))

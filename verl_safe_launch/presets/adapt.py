@@ -299,9 +299,10 @@ def _train_batch(state: _Adaptation) -> None:
     def ok(b: int) -> bool:
         return (b * n) % gpus == 0 and b % steps == 0 and (mini is None or b >= mini)
 
-    if ok(current):
-        return
-    pick = nearest(current, ok)[0]
+    found = [] if ok(current) else nearest(current, ok)
+    if not found:
+        return  # nothing near fits: the batch rules report it with their fixes
+    pick = found[0]
     state.change(
         TRAIN_BATCH,
         pick,

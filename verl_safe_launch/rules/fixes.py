@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from verl_safe_launch.config_view import format_value
 
 MAX_LISTED = 24
+MAX_SEARCH = 100_000
+"""The most candidates a fix search tries on each side, so that an absurd value (1e18) never hangs it."""
 
 
 def divisors(n: int) -> list[int]:
-    """All positive divisors of ``n`` in increasing order (empty for n < 1)."""
-    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0] if n >= 1 else []
+    """All positive divisors of ``n`` in increasing order (empty for n < 1, and past MAX_SEARCH² = 1e10)."""
+    if not 1 <= n <= MAX_SEARCH**2:
+        return []
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
     large = [n // d for d in reversed(small) if d * d != n]
     return small + large
 
@@ -22,8 +27,8 @@ def nearest(value: int, ok: Callable[[int], bool], limit: int | None = None) -> 
 
     Ties go to the smaller value. The search stops at ``limit`` (default: 4 × value + 64).
     """
-    top = limit if limit is not None else 4 * value + 64
-    below = next((v for v in range(value - 1, 0, -1) if ok(v)), None)
+    top = min(limit if limit is not None else 4 * value + 64, value + MAX_SEARCH)
+    below = next((v for v in range(value - 1, max(value - 1 - MAX_SEARCH, 0), -1) if ok(v)), None)
     above = next((v for v in range(value + 1, top + 1) if ok(v)), None)
     found = [v for v in (below, above) if v is not None]
     return sorted(found, key=lambda v: (abs(v - value), v))

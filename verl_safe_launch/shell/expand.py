@@ -40,6 +40,8 @@ class Unknown:
 
 
 Value = Scalar | ArrayValue | Unknown
+MAX_VALUE_CHARS = 64 * 1024
+"""The longest value a variable or argument may expand to; past it the value is unknown (never a hang)."""
 Env = dict[str, Value]
 
 
@@ -67,11 +69,19 @@ class Expander:
             return self._array(word, word.parts[0])
         splitter = _Splitter()
         problem: str | None = None
+        length = 0
         for part in word.parts:
+            length += len(part.text)
+            if length > MAX_VALUE_CHARS:
+                problem = problem or _too_long(word)
+                break
             if part.kind is PartKind.LIT:
                 splitter.literal(part.text, part.quoted)
                 continue
             text, why = self._part(part, word)
+            length += len(text)
+            if why is None and length > MAX_VALUE_CHARS:
+                why = _too_long(word)
             if why is not None:
                 problem = problem or why
             elif part.quoted:
@@ -144,13 +154,17 @@ class Expander:
 
     def _join(self, parts: tuple[Part, ...], word: Word) -> tuple[str, str | None]:
         out: list[str] = []
+        length = 0
         for part in parts:
             if part.kind is PartKind.LIT:
-                out.append(part.text)
-                continue
-            text, problem = self._part(part, word)
+                text, problem = part.text, None
+            else:
+                text, problem = self._part(part, word)
             if problem is not None:
                 return "", problem
+            length += len(text)
+            if length > MAX_VALUE_CHARS:
+                return "", _too_long(word)
             out.append(text)
         return "".join(out), None
 
@@ -162,6 +176,10 @@ def _words_of(item: Field) -> list[str]:
 
 def _piece(item: Field, text: str) -> Field:
     return Field(text, item.line, item.raw, item.problem, item.args)
+
+
+def _too_long(word: Word) -> str:
+    return _too_long_at(word.line)
 
 
 def _outside(name: str) -> str:
@@ -217,10 +235,24 @@ def apply_assignments(env: Env, items: list[Word | ArrayAssign], *, conditional:
         else:
             name, append, value = expander.assignment(item)
         value = _appended(env.get(name), value) if append else value
+        if _length(value) > MAX_VALUE_CHARS:
+            value = Unknown(f"${name}, {_too_long_at(item.line)}")
         if conditional:
             value = Unknown(f"${name}, which is assigned inside an if/for/while block (line {item.line})")
         env[name] = value
     return expander.notes
+
+
+def _too_long_at(line: int) -> str:
+    return f"a value longer than {MAX_VALUE_CHARS:,} characters (the limit; line {line})"
+
+
+def _length(value: Value) -> int:
+    if isinstance(value, Scalar):
+        return len(value.text)
+    if isinstance(value, ArrayValue):
+        return sum(len(item.text) + 1 for item in value.items)
+    return 0
 
 
 def _appended(old: Value | None, new: Value) -> Value:

@@ -6,12 +6,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from verl_safe_launch.errors import InputError
+from verl_safe_launch.files import read_text_input
 from verl_safe_launch.inputs import ComposeRequest, OverrideToken, verl_config_dir, verl_package_dir
 from verl_safe_launch.provenance import Layer, Source
 from verl_safe_launch.shell.expand import Env, Expander, Field, apply_assignments
 from verl_safe_launch.shell.words import ArrayAssign, Op, PartKind, ShellSyntaxError, Token, Word, lex
 
 MODULE = "verl.trainer.main_ppo"
+MAX_SCRIPT_BYTES = 256 * 1024
+"""The longest launch script read (verl's own examples are under 10 KiB)."""
 _SEPARATORS = frozenset({"\n", ";", "&", "&&", "||", "|", "|&", ";;", "(", ")"})
 _REDIRECTS = frozenset({">", ">>", "<", "&>", ">&", "<&"})
 _OPENERS = frozenset({"if", "while", "until", "for", "case", "select"})
@@ -75,19 +78,9 @@ def read_script(path: Path | str, env: Env | None = None) -> tuple[ScriptLaunch,
     ``env`` holds variables the script may read without setting them (those Slurm sets in a job).
     """
     path = Path(path)
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise InputError(f"script not found: {path}", fix="check the path of the launch script") from None
-    except OSError as exc:
-        raise InputError(f"cannot read {path}: {exc.strerror or exc}") from None
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise InputError(
-            f"{path} is not a text file (byte {exc.start} is not UTF-8)",
-            fix="pass a bash launch script",
-        ) from None
+    text = read_text_input(
+        path, what="script", missing_fix="check the path of the launch script", limit=MAX_SCRIPT_BYTES
+    )
     launches = parse_script(text, str(path), base_dir=path.parent, env=env)
     if not launches:
         raise InputError(
@@ -110,7 +103,16 @@ def parse_script(
             where=f"{name}:{exc.line}",
             fix="check the quotes and brackets on that line (bash -n runs the same check)",
         ) from None
-    return _Reader(name, env).run(tokens)
+    reader = _Reader(name, env)
+    if "\r\n" in text:
+        line = text[: text.index("\r\n")].count("\n") + 1
+        detail = (
+            "the script has Windows (CRLF) line endings: bash reads each '\\r' as part of the last word, "
+            "so a trailing '\\' does not continue the line and every last argument ends in '\\r'"
+        )
+        shown = text.split("\n")[line - 1].rstrip("\r")[:60]
+        reader.notes.append(ScriptNote("crlf", line, shown, detail))
+    return reader.run(tokens)
 
 
 @dataclass

@@ -1,0 +1,240 @@
+"""Safe file IO: read only regular files within a size limit; write through a private temp file, then rename."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import stat
+import tempfile
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+from verl_safe_launch.errors import InputError, UsageError
+
+MAX_INPUT_BYTES = 1024 * 1024
+"""The largest file read as an input (a YAML layer, a launch script, a model's config.json): 1 MiB."""
+
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a named pipe (FIFO)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISLNK, "a symbolic link"),
+)
+
+
+def kind_of(mode: int) -> str:
+    """What a file of this mode is, in words ("a named pipe (FIFO)"); "a regular file" for a plain file."""
+    return next((name for test, name in _KINDS if test(mode)), "a regular file")
+
+
+def read_input(
+    path: Path | str,
+    *,
+    what: str = "file",
+    where: str | None = None,
+    missing_fix: str = "check the path",
+    limit: int = MAX_INPUT_BYTES,
+) -> bytes:
+    """The bytes of a regular file of at most ``limit`` bytes; raise InputError (exit 2) at once otherwise.
+
+    The file is opened non-blocking, so a named pipe or a device is refused instead of waiting forever.
+    """
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise InputError(f"{what} not found: {path}", where=where, fix=missing_fix) from None
+    except OSError as exc:
+        raise InputError(f"cannot read {path}: {exc.strerror or exc}", where=where) from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise InputError(
+            f"{path} is {kind_of(mode)}, not a regular file", where=where, fix=f"pass a {what} saved on disk"
+        )
+    with os.fdopen(fd, "rb") as handle:
+        try:
+            data = handle.read(limit + 1)
+        except OSError as exc:
+            raise InputError(f"cannot read {path}: {exc.strerror or exc}", where=where) from None
+    if len(data) > limit:
+        raise InputError(
+            f"{path} is larger than the {limit // 1024} KiB limit for a {what}",
+            where=where,
+            fix=f"pass a {what} under {limit // 1024} KiB",
+        )
+    return data
+
+
+def read_text_input(
+    path: Path | str,
+    *,
+    what: str = "file",
+    where: str | None = None,
+    missing_fix: str = "check the path",
+    limit: int = MAX_INPUT_BYTES,
+) -> str:
+    """``read_input`` decoded as UTF-8; a file that is not UTF-8 text is an InputError."""
+    data = read_input(path, what=what, where=where, missing_fix=missing_fix, limit=limit)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(
+            f"{path} is not a text file (byte {exc.start} is not UTF-8)", where=where, fix=f"pass a {what}"
+        ) from None
+
+
+def check_target(path: Path, *, force: bool, inputs: Iterable[Path | str] = (), where: str = "-o") -> None:
+    """Refuse to write ``path`` when it is an input of this command, not a regular file, or exists without --force."""
+    for source in inputs:
+        if _same_file(path, Path(source)):
+            raise UsageError(
+                f"{path} is an input of this command; it is never overwritten, even with --force",
+                where=where,
+                fix="write to another path",
+            )
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise UsageError(f"cannot write {path}: {exc.strerror or exc}", where=where) from None
+    if stat.S_ISLNK(mode):
+        raise UsageError(
+            f"{path} is a symbolic link; it is not followed or replaced",
+            where=where,
+            fix=f"write to the file it points to: {shlex.quote(os.path.realpath(path))}",
+        )
+    if not stat.S_ISREG(mode):
+        raise UsageError(
+            f"{path} is {kind_of(mode)}; only a regular file is replaced",
+            where=where,
+            fix="write to another path",
+        )
+    if not force:
+        raise UsageError(
+            f"{path} already exists", where=where, fix="pass --force to overwrite it, or choose another path"
+        )
+
+
+def write_files(
+    files: Mapping[Path, tuple[str, int]],
+    *,
+    force: bool,
+    inputs: Iterable[Path | str] = (),
+    where: str = "-o",
+    keep_mode: bool = True,
+) -> None:
+    """Write every file or none: each is checked (``check_target``), written to a private temp file beside it
+    (``mkstemp``: unpredictable name, never follows a link), then all are renamed into place.
+
+    ``files`` maps each path to its text and mode; a replaced file keeps its own mode when ``keep_mode``.
+    """
+    sources = list(inputs)
+    for path in files:
+        check_target(path, force=force, inputs=sources, where=where)
+    staged: list[tuple[str, Path]] = []
+    try:
+        for path, (text, mode) in files.items():
+            staged.append((_stage(path, text, mode, where, keep_mode), path))
+        for tmp, path in staged:
+            _rename(tmp, path, where)
+    except BaseException:
+        for tmp, _ in staged:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        raise
+
+
+def write_atomic(
+    path: Path,
+    text: str,
+    *,
+    force: bool,
+    inputs: Iterable[Path | str] = (),
+    mode: int = 0o644,
+    where: str = "-o",
+    keep_mode: bool = True,
+) -> None:
+    """Write one file through a private temp file beside it (see ``write_files``)."""
+    write_files({path: (text, mode)}, force=force, inputs=inputs, where=where, keep_mode=keep_mode)
+
+
+def make_directory(base: Path, *, where: str = "--run-dir") -> Path:
+    """Create a new directory ``base`` (its parents as needed) atomically; on a collision, ``base_1``, ``base_2`` ...
+
+    Two processes never get the same directory: ``mkdir`` itself decides who created it.
+    """
+    _mkdirs(base.parent, where)
+    for n in range(10_000):
+        candidate = base if n == 0 else base.with_name(f"{base.name}_{n}")
+        try:
+            candidate.mkdir()
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise UsageError(f"cannot create {candidate}: {exc.strerror or exc}", where=where) from None
+        return candidate
+    raise UsageError(
+        f"cannot find a free name next to {base}", where=where, fix="clean up old run directories"
+    )
+
+
+def ensure_directory(path: Path, *, where: str = "--run-dir") -> None:
+    """Create ``path`` and its parents when missing; a path that is not a directory is a UsageError."""
+    _mkdirs(path, where)
+
+
+def _mkdirs(path: Path, where: str) -> None:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise UsageError(
+            f"{path} exists and is not a directory", where=where, fix="choose another path"
+        ) from None
+    except OSError as exc:
+        raise UsageError(f"cannot create {path}: {exc.strerror or exc}", where=where) from None
+
+
+def _stage(path: Path, text: str, mode: int, where: str, keep_mode: bool) -> str:
+    directory = path.parent if str(path.parent) else Path(".")
+    old: int | None = None
+    if keep_mode:
+        with contextlib.suppress(FileNotFoundError):
+            old = os.stat(path).st_mode & 0o7777
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+    except OSError as exc:
+        raise UsageError(
+            f"cannot write {path}: {exc.strerror or exc}",
+            where=where,
+            fix="choose a directory you can write to",
+        ) from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.chmod(tmp, mode if old is None else old)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if isinstance(exc, OSError):
+            raise UsageError(f"cannot write {path}: {exc.strerror or exc}", where=where) from None
+        raise
+    return tmp
+
+
+def _rename(tmp: str, path: Path, where: str) -> None:
+    try:
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise UsageError(f"cannot write {path}: {exc.strerror or exc}", where=where) from None
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.abspath(a) == os.path.abspath(b)
