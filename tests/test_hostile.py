@@ -143,16 +143,21 @@ def test_an_input_is_never_a_write_target_even_with_force(tmp_path: Path) -> Non
         check_target(tmp_path / "." / "x.sh", force=True, inputs=[source])
 
 
-def test_migrate_refuses_its_own_script_and_a_directory(tmp_path: Path, cli: Cli) -> None:
+def test_migrate_refuses_its_own_script_and_writes_into_a_directory(tmp_path: Path, cli: Cli) -> None:
     script = tmp_path / "flip.sh"
     script.write_text(Path(FLIP).read_text())
     result = cli("migrate", str(script), "-o", str(script), "--force")
     assert result.code == 2 and "is an input of this command" in result.err
     assert script.read_text() == Path(FLIP).read_text()
+    result = cli("migrate", str(script), "-o", str(tmp_path), "--force")  # -o DIR: DIR/flip.yaml
+    assert result.code == 0, result.err
+    assert (tmp_path / "flip.yaml").is_file() and script.read_text() == Path(FLIP).read_text()
+    (tmp_path / "flip.yaml").unlink()
+    (tmp_path / "flip.yaml").mkdir()
     result = cli("migrate", str(script), "-o", str(tmp_path), "--force")
     assert (result.code, result.err.splitlines()[0]) == (
         2,
-        f"error: {tmp_path} is a directory; only a regular file is replaced",
+        f"error: {tmp_path / 'flip.yaml'} is a directory; only a regular file is replaced",
     )
 
 
