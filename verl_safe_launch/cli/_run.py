@@ -211,9 +211,9 @@ def _check_cluster(plan: LaunchPlan, pre: Preflight, forced: list[str], force: b
     cpu_error = handoff.check_cpus(plan.cpus, resources, where)
     if cpu_error is not None:
         raise cpu_error
-    _check_nodes(pre, where, force, forced)
     gpu_error = handoff.check_gpus(plan.gpus, resources, where)
     if gpu_error is None:
+        _check_nodes(pre, where, force, forced)
         return
     if not force:
         raise gpu_error

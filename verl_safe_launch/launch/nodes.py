@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from verl_safe_launch.config_view import ConfigView
+from verl_safe_launch.errors import LaunchError
 from verl_safe_launch.findings import Finding, Severity
-from verl_safe_launch.launch.plan import LaunchBlocked
 from verl_safe_launch.provenance import Layer, Source
 from verl_safe_launch.rules import CPUS_PER_GPU, cpu_need, gpu_need
 
@@ -178,13 +178,14 @@ def live_nodes() -> list[NodeInfo]:
     return nodes_from_ray(ray.nodes())  # type: ignore[no-untyped-call]
 
 
-def blocking(findings: Sequence[Finding]) -> LaunchBlocked | None:
-    """The first node-check error as the error that stops the launch (None when nothing blocks)."""
+def blocking(findings: Sequence[Finding]) -> LaunchError | None:
+    """The first node-check error as the error that stops the launch (None when nothing blocks); Ray is up by
+    then, so it reads as a launch that started and failed (exit 3)."""
     errors = [f for f in findings if f.severity is Severity.ERROR]
     if not errors:
         return None
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-    return LaunchBlocked(
+    return LaunchError(
         errors[0].message + more,
         where=str(errors[0].sources[0][1]) if errors[0].sources else None,
         fix=errors[0].fix,
