@@ -13,7 +13,7 @@ from pathlib import Path
 from verl_safe_launch.errors import InputError, UsageError
 
 MAX_INPUT_BYTES = 1024 * 1024
-"""The largest file read as an input (a YAML layer, a launch script, a model's config.json): 1 MiB."""
+"""The largest input file read by default (a YAML layer): 1 MiB. Launch scripts have 256 KiB, config.json 4 MiB."""
 
 _KINDS = (
     (stat.S_ISDIR, "a directory"),
@@ -47,8 +47,10 @@ def read_input(
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         raise InputError(f"{what} not found: {path}", where=where, fix=missing_fix) from None
-    except OSError as exc:
-        raise InputError(f"cannot read {path}: {exc.strerror or exc}", where=where) from None
+    except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the path
+        raise InputError(
+            f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}", where=where
+        ) from None
     mode = os.fstat(fd).st_mode
     if not stat.S_ISREG(mode):
         os.close(fd)
