@@ -72,7 +72,7 @@ def test_preflight_report_stops_on_errors() -> None:
     )
     assert (
         "error [hardware-mismatch] trainer.n_gpus_per_node=8 asks for more GPUs per node than the hardware has (4)\n"
-        "  trainer.n_gpus_per_node = 8      from preset medium, conf/preset/medium.yaml:8\n"
+        "  trainer.n_gpus_per_node = 8      from preset medium, conf/preset/medium.yaml:15\n"
         "  hardware.gpus_per_node  = 4      from hardware: declared on the command line (+hardware.gpus_per_node=4)\n"
     ) in text
     assert text.splitlines()[-1].startswith("NO-GO: ")

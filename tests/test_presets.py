@@ -27,9 +27,29 @@ MICRO = f"{ARR}.actor.ppo_micro_batch_size_per_gpu"
 LOGPROB = f"{ARR}.rollout.log_prob_micro_batch_size_per_gpu"
 REF = f"{ARR}.ref.log_prob_micro_batch_size_per_gpu"
 
+# Every preset is a complete GRPO recipe: the critic-free estimator, vLLM, KL loss against the reference model.
+RECIPE = {
+    "algorithm.adv_estimator": "grpo",
+    "algorithm.use_kl_in_reward": False,
+    "data.filter_overlong_prompts": True,
+    f"{ARR}.model.use_remove_padding": True,
+    f"{ARR}.model.enable_gradient_checkpointing": True,
+    f"{ARR}.actor.use_kl_loss": True,
+    f"{ARR}.actor.kl_loss_coef": 0.001,
+    f"{ARR}.actor.kl_loss_type": "low_var_kl",
+    f"{ARR}.actor.entropy_coeff": 0,
+    f"{ARR}.rollout.name": "vllm",
+    f"{ARR}.rollout.gpu_memory_utilization": 0.5,
+}
+OFFLOAD = {f"{ARR}.actor.fsdp_config.param_offload": True, f"{ARR}.actor.fsdp_config.optimizer_offload": True}
+SP = f"{ARR}.actor.fsdp_config.ulysses_sequence_parallel_size"
 # The values each preset must carry, exactly.
 EXPECTED = {
     "small": {
+        **RECIPE,
+        **OFFLOAD,
+        "data.max_prompt_length": 512,
+        "data.max_response_length": 1024,
         "data.train_batch_size": 16,
         "trainer.n_gpus_per_node": 2,
         "trainer.nnodes": 1,
@@ -41,6 +61,9 @@ EXPECTED = {
         REF: 4,
     },
     "medium": {
+        **RECIPE,
+        "data.max_prompt_length": 1024,
+        "data.max_response_length": 2048,
         "data.train_batch_size": 48,
         "trainer.n_gpus_per_node": 8,
         "trainer.nnodes": 1,
@@ -52,13 +75,16 @@ EXPECTED = {
         REF: 6,
     },
     "cluster": {
+        **RECIPE,
+        "data.max_prompt_length": 1024,
+        "data.max_response_length": 2048,
         "data.train_batch_size": 128,
         "trainer.n_gpus_per_node": 8,
         "trainer.nnodes": 4,
-        f"{ARR}.model.use_remove_padding": True,
         f"{ARR}.actor.ppo_mini_batch_size": 128,
         MICRO: 8,
-        f"{ARR}.actor.ulysses_sequence_parallel_size": 4,
+        SP: 4,
+        f"{ARR}.ref.fsdp_config.ulysses_sequence_parallel_size": 4,
         f"{ARR}.rollout.n": 8,
         TP: 2,
         LOGPROB: 4,
@@ -128,8 +154,8 @@ def test_medium_on_six_gpus_sizes_tp_for_the_model() -> None:
     assert adapted.pop(TP) == (
         1,
         "preset medium: smallest TP that fits: 14.2 GiB of weights per GPU leave 25.8 GiB of the rollout's "
-        "40.0 GiB (gpu_memory_utilization 0.5 × 80 GiB) for the KV cache, 483371 tokens ≥ 32768 (max_model_len "
-        "null: the model's 32768 positions); divides 6 GPUs per node and the heads (28 attention, 4 KV)",
+        "40.0 GiB (gpu_memory_utilization 0.5 × 80 GiB) for the KV cache, 483371 tokens ≥ 36864 (rollout.n 12 × "
+        "3072-token sequences); divides 6 GPUs per node and the heads (28 attention, 4 KV)",
     )
     assert set(adapted) <= {MICRO, LOGPROB, REF}, "only the memory fit may move anything else"
     assert all(value <= EXPECTED["medium"][key] for key, (value, _) in adapted.items())
@@ -171,11 +197,12 @@ def test_cluster_on_one_six_gpu_node_shrinks_ulysses_and_batches() -> None:
     assert adapted == {
         "trainer.n_gpus_per_node": 6,
         "trainer.nnodes": 1,
-        f"{ARR}.actor.ulysses_sequence_parallel_size": 2,
+        SP: 2,
+        f"{ARR}.ref.fsdp_config.ulysses_sequence_parallel_size": 2,
         "data.train_batch_size": 129,
         f"{ARR}.actor.ppo_mini_batch_size": 129,
     }
-    assert view.get(f"{ARR}.ref.ulysses_sequence_parallel_size") == 2
+    assert view.get(f"{ARR}.ref.fsdp_config.ulysses_sequence_parallel_size") == 2
 
 
 def test_user_values_are_never_adapted() -> None:
@@ -308,7 +335,7 @@ def test_show_origin_names_the_adaptation(cli) -> None:  # type: ignore[no-untyp
         "trainer.n_gpus_per_node = 1\n"
         "    from preset adapted to hardware: preset small: the hardware has 1 GPU per node: declared on the "
         "command line, argument 3 (hardware.gpus_per_node=1)\n"
-        "    replaced 2 from preset small, conf/preset/small.yaml:8\n"
+        "    replaced 2 from preset small, conf/preset/small.yaml:16\n"
         "    replaced 8 from verl default, verl/trainer/config/ppo_trainer.yaml:"
         + result.out.rsplit("ppo_trainer.yaml:", 1)[1]
     )

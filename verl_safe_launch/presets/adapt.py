@@ -40,7 +40,8 @@ from verl_safe_launch.rules import (
 )
 
 AUTO = "auto"
-ACTOR_SP = "actor_rollout_ref.actor.ulysses_sequence_parallel_size"
+ACTOR_SP = "actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size"
+REF_SP = "actor_rollout_ref.ref.fsdp_config.ulysses_sequence_parallel_size"
 GPU_UTIL = "actor_rollout_ref.rollout.gpu_memory_utilization"
 MAX_MODEL_LEN = "actor_rollout_ref.rollout.max_model_len"
 MICRO_KEYS = (ACTOR_MICRO, LOGPROB_MICRO, REF_MICRO)
@@ -234,6 +235,8 @@ def _ulysses(state: _Adaptation) -> None:
     pick = max(d for d in range(1, current + 1) if gpus % d == 0 and _heads_ok(state.arch, d))
     reason = f"the largest size up to {current} that divides {gpus} GPUs{_heads_clause(state.arch)}"
     state.change(ACTOR_SP, pick, reason)
+    if state.owned(REF_SP) and state.value(REF_SP) == current:
+        state.change(REF_SP, pick, reason + " (the same as the actor's)")
 
 
 def _rollout_tp(state: _Adaptation) -> None:
