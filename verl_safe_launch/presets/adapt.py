@@ -53,6 +53,7 @@ REF_SP = "actor_rollout_ref.ref.fsdp_config.ulysses_sequence_parallel_size"
 GPU_UTIL = "actor_rollout_ref.rollout.gpu_memory_utilization"
 MAX_MODEL_LEN = "actor_rollout_ref.rollout.max_model_len"
 MICRO_KEYS = (ACTOR_MICRO, LOGPROB_MICRO, REF_MICRO)
+CRITIC_MICRO = "critic.ppo_micro_batch_size_per_gpu"
 _USER_LAYERS = (Layer.FILE, Layer.SCRIPT, Layer.CLI)
 
 
@@ -146,7 +147,9 @@ def compose_with_preset(request: ComposeRequest, profile: HardwareProfile, *, fi
     _, tool = split_tool_tokens(request.overrides)
     name = request.preset or (tool.preset[0] if tool.preset else None)
     if name is None:
-        return compose(request)
+        plain = compose(request)
+        filled = _fill_missing(plain, profile) if fit else ()
+        return compose(replace(request, adapted=request.adapted + filled)) if filled else plain
     where = tool.preset[1].describe() if tool.preset else None
     first: Composed | None = None
     if name == AUTO:
@@ -158,9 +161,43 @@ def compose_with_preset(request: ComposeRequest, profile: HardwareProfile, *, fi
     request = replace(request, preset=name)
     first = first or compose(request)
     adapted = adapt_preset(first, name, profile, fit=fit)
-    if not adapted:
-        return first
-    return compose(replace(request, adapted=request.adapted + adapted))
+    result = compose(replace(request, adapted=request.adapted + adapted)) if adapted else first
+    filled = _fill_missing(result, profile) if fit else ()
+    if not filled:
+        return result
+    return compose(replace(request, adapted=request.adapted + adapted + filled))
+
+
+def _fill_missing(composed: Composed, profile: HardwareProfile) -> tuple[Write, ...]:
+    """``--fit``: every micro-batch knob nobody set (null) gets the fitted value, with the fit's reason."""
+    facts = profile.facts()
+    view = composed.view
+    arch = load_architecture(view.get("actor_rollout_ref.model.path"))
+    if facts.gpu_memory_gb is None or arch is None:
+        return ()
+    critic = load_architecture(view.get("critic.model.path"))
+    ctx = RuleContext(view, arch, critic, facts)
+    fits = fit_knobs(ctx)
+    writes = [
+        Write(knob.key, knob.value, Source(Layer.ADAPTED, reason=f"--fit: unset; {knob.reason}"))
+        for knob in fits
+        if knob.value is not None and view.get(knob.key) is None and not knob.add
+    ]
+    actor = next((k for k in fits if k.key == ACTOR_MICRO and k.value is not None), None)
+    if (
+        batch_plan(view).use_critic
+        and view.get(CRITIC_MICRO) is None
+        and actor is not None
+        and critic is not None
+        and critic.params <= arch.params
+        and view.get("critic.ppo_mini_batch_size") == view.get(ACTOR_MINI)
+    ):
+        why = (
+            f"--fit: unset; the actor's fitted micro batch ({actor.reason}): the critic trains on the same "
+            f"per-GPU mini batch with a model no larger ({critic.params / 1e9:.1f}B ≤ {arch.params / 1e9:.1f}B)"
+        )
+        writes.append(Write(CRITIC_MICRO, actor.value, Source(Layer.ADAPTED, reason=why)))
+    return tuple(writes)
 
 
 # --- adaptation ------------------------------------------------------------------------------------------
