@@ -375,3 +375,23 @@ def test_presets_verb_unknown_name(cli) -> None:  # type: ignore[no-untyped-def]
     assert result.err == (
         "error: unknown preset 'huge'\n  where: command line, argument 2\n  fix: use one of: auto, cluster, medium, small\n"
     )
+
+
+def test_presets_verb_shows_values_adapted_to_declared_hardware(cli) -> None:  # type: ignore[no-untyped-def]
+    result: CliResult = cli(
+        "presets",
+        "auto",
+        "hardware.gpus_per_node=2",
+        "hardware.gpu_memory_gb=80",
+        f"{ARR}.model.path=Qwen/Qwen2.5-7B-Instruct",
+    )
+    assert result.code == 0, result.err
+    lines = result.out.splitlines()
+    assert lines[0].startswith("preset auto (auto chose small) adapted to: hardware.gpus_per_node=2")
+    strategy = next(
+        i for i, line in enumerate(lines) if line.split("=")[0].strip() == f"{ARR}.actor.strategy"
+    )
+    assert lines[strategy].endswith("= fsdp2")
+    assert lines[strategy + 1].strip().startswith("adapted: preset small: FSDP2's CPU offload policy")
+    plain: CliResult = cli("presets", "auto", "hardware.gpus_per_node=2")
+    assert plain.code == 0 and "  trainer.n_gpus_per_node" in plain.out
