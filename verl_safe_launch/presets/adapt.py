@@ -626,24 +626,31 @@ def _rollout_plan(state: _Adaptation, trial: _Trial) -> tuple[dict[str, Any], di
                 continue
             extra = {cap: seq}
             base = trial.with_(extra)
-        for pool in (within, above):  # a higher fraction only when no TP fits at the preset's
+        # a higher fraction only when no TP fits at the preset's; a prompt's samples side by side in the KV
+        # cache are preferred, one full sequence is required (less only slows the rollout down)
+        for pool, group in ((within, True), (within, False), (above, True), (above, False)):
             for tp in tps:
                 for util in pool:
                     cand = base.with_({ROLLOUT_TP: tp, GPU_UTIL: util})
-                    found = _rollout_fits(state, cand, tp, util, preset_util, extra)
+                    found = _rollout_fits(state, cand, (tp, util, preset_util), extra, group)
                     if found:
                         return found
     return None
 
 
 def _rollout_fits(
-    state: _Adaptation, cand: _Trial, tp: int, util: float, preset_util: float, extra: dict[str, Any]
+    state: _Adaptation,
+    cand: _Trial,
+    knobs: tuple[int, float, float],
+    extra: dict[str, Any],
+    group: bool,
 ) -> tuple[dict[str, Any], dict[str, str]] | None:
+    tp, util, preset_util = knobs
     est = cand.estimate()
     stage, facts = est.stage("rollout"), est.rollout
     if stage is None or facts is None or facts.capacity_tokens is None or not _ok(stage, cand.gpu):
         return None
-    need, why = _kv_need(cand.view, facts.max_model_len)
+    need, why = _kv_need(cand.view, facts.max_model_len, group)
     if facts.capacity_tokens < need:
         return None
     gpu = cand.gpu
@@ -678,10 +685,11 @@ def _rollout_fits(
     return changes, reasons
 
 
-def _kv_need(view: ConfigView, max_len: int) -> tuple[int, str]:
-    """Tokens the KV cache must hold: vLLM's longest sequence, and one prompt's samples at full length."""
+def _kv_need(view: ConfigView, max_len: int, samples: bool = True) -> tuple[int, str]:
+    """Tokens the KV cache must hold: vLLM's longest sequence, and (``samples``) one prompt's samples at full
+    length."""
     plan = batch_plan(view)
     group = (plan.n or 1) * (plan.max_seq_len or 0)
-    if group > max_len:
+    if samples and group > max_len:
         return group, f"rollout.n {plan.n} × {plan.max_seq_len}-token sequences"
     return max_len, f"max_model_len {max_len}"
