@@ -23,11 +23,11 @@ EXAMPLES = """\
 """
 
 ADAPTS = (
-    "On other hardware the values you did not set adapt, each with its reason (show --origin, check):\n"
-    "GPU counts from the hardware; train and mini batch sizes to the nearest sizes that divide evenly;\n"
-    "rollout TP to the smallest that fits the weights with KV headroom; Ulysses to a divisor of the GPUs;\n"
-    "micro batches to divisors of their batch and to what fits in memory, never above the preset's value\n"
-    "unless --fit is given."
+    "On other hardware the values you did not set adapt, each with its reason (presets NAME hardware.*=..., show\n"
+    "--origin, check): GPU counts from the hardware; train and mini batch sizes to the nearest sizes that divide\n"
+    "evenly; Ulysses to a divisor of the GPUs; rollout memory fraction and TP, then optimizer / parameter offload,\n"
+    "then FSDP2's CPU offload, until every stage fits with the actor's state resident during rollout; micro\n"
+    "batches to divisors of their batch and to what fits, never above the preset's value unless --fit is given."
 )
 
 
