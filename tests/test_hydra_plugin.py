@@ -98,6 +98,25 @@ def test_a_literal_preset_key_is_an_error_naming_the_fix() -> None:
     assert "fix: install verl-safe-launch into the Python that runs verl" in text
 
 
+def test_a_hardware_token_in_verls_config_is_an_error_naming_the_callback_setting() -> None:
+    code, text = preflight_report(["+hardware.gpus_per_node=4"], {"hardware.gpus_per_node": 4})
+    assert code == 1
+    assert text.splitlines()[1:] == [
+        "error [tool-token-in-config] +hardware.gpus_per_node=4 reached verl as a config key "
+        "'hardware.gpus_per_node': the hardware is declared to the pre-flight callback, not to verl",
+        "  fix: +hydra.callbacks.vsl.gpus_per_node=4 (instead of +hardware.gpus_per_node=4)",
+    ]
+
+
+def test_hardware_declared_to_the_callback_reaches_the_preflight() -> None:
+    overrides = ["+preset=medium", "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.name=vllm"]
+    ours = compose(ComposeRequest(overrides=cli_tokens([o.lstrip("+") for o in overrides])))
+    code, text = preflight_report(overrides, dict(ours.view.values), {"gpus_per_node": 4})
+    assert code == 1
+    assert "  hardware.gpus_per_node  = 4      from hardware: declared on the command line " in text
+    assert "(+hydra.callbacks.vsl.gpus_per_node=4)" in text
+
+
 def test_flatten_keeps_lists_as_leaves() -> None:
     assert flatten({"a": {"b": 1, "c": [1, 2]}, "d": {}}) == {"a.b": 1, "a.c": [1, 2], "d": {}}
 
@@ -143,7 +162,7 @@ def test_bad_override_is_stopped_by_our_report_before_verl_validates(tmp_path: P
     # 49 prompts × 12 samples = 588 trajectories on 8 GPUs: verl's own validate_config would refuse it
     # ("real_train_batch_size (588) must be divisible by minimal possible batch size (8)"); the declared
     # 4-GPU machine contradicts preset medium's 8 GPUs per node, which only the pre-flight knows.
-    overrides = ["+preset=medium", "+hardware.gpus_per_node=4", "data.train_batch_size=49"]
+    overrides = ["+preset=medium", "+hydra.callbacks.vsl.gpus_per_node=4", "data.train_batch_size=49"]
     done = _run(VERL_MAIN, overrides, tmp_path)
     assert done.returncode == 1, done.stderr[-3000:]
     assert "error [hardware-mismatch] trainer.n_gpus_per_node=8 asks for more GPUs per node" in done.stderr

@@ -17,8 +17,24 @@ ENABLE_OVERRIDE = "+hydra.callbacks.vsl._target_=hydra_plugins.verl_safe_launch.
 HEADER = "verl-safe-launch pre-flight (inside verl's entry point; presets are not adapted here)\n"
 
 
+HARDWARE_FIELDS = ("nodes", "gpus_per_node", "gpu_memory_gb", "gpu_name")
+
+
 class PreflightCallback(Callback):
-    """Before each job: run the pre-flight on the config Hydra hands to verl; stop on errors."""
+    """Before each job: run the pre-flight on the config Hydra hands to verl; stop on errors.
+
+    The hardware is declared to the callback itself (``+hydra.callbacks.vsl.gpus_per_node=4``), so it stays
+    out of the config verl receives.
+    """
+
+    def __init__(self, **hardware: Any) -> None:
+        unknown = sorted(set(hardware) - set(HARDWARE_FIELDS))
+        if unknown:
+            raise SystemExit(
+                f"verl-safe-launch: unknown callback setting(s) {', '.join(unknown)}; "
+                f"use {', '.join(HARDWARE_FIELDS)}"
+            )
+        self.hardware = {key: value for key, value in hardware.items() if value is not None}
 
     def on_job_start(self, config: Any, *, task_function: Any, **kwargs: Any) -> None:
         """Check the task config (Hydra's, without its ``hydra`` node); exit with status 1 on errors."""
@@ -30,7 +46,7 @@ class PreflightCallback(Callback):
             )
             return
         overrides = [str(item) for item in config.hydra.overrides.task]
-        code, text = preflight_report(overrides, task_values(config))
+        code, text = preflight_report(overrides, task_values(config), self.hardware)
         sys.stderr.write(text)
         sys.stderr.flush()
         if code:
@@ -66,8 +82,17 @@ def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def stray_tool_keys(values: Mapping[str, Any], overrides: list[str]) -> list[str]:
-    """Errors for tool tokens that reached verl's config as keys (``preset`` when the group was not found)."""
+    """Errors for tool tokens that reached verl's config as keys (``preset`` when the group was not found,
+    ``hardware.*``)."""
     errors = []
+    for key in (k for k in values if k.startswith("hardware.")):
+        name = key.partition(".")[2]
+        token = next((o for o in overrides if o.lstrip("+").startswith(f"{key}=")), f"+{key}={values[key]}")
+        errors.append(
+            f"error [tool-token-in-config] {token} reached verl as a config key '{key}': the hardware is "
+            "declared to the pre-flight callback, not to verl\n"
+            f"  fix: +hydra.callbacks.vsl.{name}={values[key]} (instead of {token})\n"
+        )
     if "preset" in values:
         token = next(
             (o for o in overrides if o.lstrip("+").startswith("preset=")), f"+preset={values['preset']}"
@@ -81,7 +106,9 @@ def stray_tool_keys(values: Mapping[str, Any], overrides: list[str]) -> list[str
     return errors
 
 
-def preflight_report(overrides: list[str], values: Mapping[str, Any] | None = None) -> tuple[int, str]:
+def preflight_report(
+    overrides: list[str], values: Mapping[str, Any] | None = None, hardware: Mapping[str, Any] | None = None
+) -> tuple[int, str]:
     """Exit status (0 go, 1 errors, 2 unusable overrides) and the report for Hydra's task overrides.
 
     ``values`` is the config Hydra composed for verl (dotted leaves): it is what gets checked; our own
@@ -101,13 +128,16 @@ def preflight_report(overrides: list[str], values: Mapping[str, Any] | None = No
     if stray:
         return EXIT_PREFLIGHT, HEADER + "".join(stray)
     tokens = tuple(OverrideToken(tool_token(text), Source(Layer.CLI, raw=text)) for text in overrides)
+    tokens += tuple(
+        OverrideToken(f"hardware.{key}={value}", Source(Layer.CLI, raw=f"+hydra.callbacks.vsl.{key}={value}"))
+        for key, value in (hardware or {}).items()
+    )
     try:
         composed = compose(ComposeRequest(overrides=tokens))
     except VslError as exc:
         return exc.exit_code, HEADER + exc.render() + "\n"
     if values is not None:
-        kept = {k: v for k, v in values.items() if k != "hardware" and not k.startswith("hardware.")}
-        composed = replace(composed, view=ConfigView(kept, composed.view.provenance))
+        composed = replace(composed, view=ConfigView(dict(values), composed.view.provenance))
     preflight = run_preflight(composed)
     code = 0 if preflight.ok else EXIT_PREFLIGHT
     return code, HEADER + render_findings_text(preflight.findings)
