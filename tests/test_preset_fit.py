@@ -16,7 +16,7 @@ from verl_safe_launch.presets import compose_for_launch
 
 ARR = "actor_rollout_ref"
 MODELS = sorted(bundled_table())
-EXAMPLES = int(os.environ.get("VSL_PRESET_EXAMPLES", "12"))
+EXAMPLES = int(os.environ.get("VSL_PRESET_EXAMPLES", "20"))
 
 
 @pytest.fixture(autouse=True)
