@@ -290,7 +290,7 @@ def test_shadowed_preset_value_is_info() -> None:
         (
             Severity.INFO,
             f"data.train_batch_size: {old * 2} from argument 2 replaces {old} from preset small "
-            "(conf/preset/small.yaml:6)",
+            "(conf/preset/small.yaml:11)",
         )
     ]
 

@@ -41,6 +41,18 @@ def _readme_main_job() -> list[str]:
     return match.group(1).split()
 
 
+def test_readme_after_line_is_go_as_written(cli: Callable[..., CliResult]) -> None:
+    readme = (ROOT / "README.md").read_text()
+    match = re.search(
+        r"^The same run with verl-safe-launch.*?\n```bash\nverl-safe-launch (.*?)\n```", readme, re.M | re.S
+    )
+    assert match, "the README's 'after' command line is missing"
+    args = [a.replace("launch_examples/", f"{EXAMPLES}/") for a in match.group(1).split()]
+    result = cli("check", *args)
+    assert result.code == 0, result.out + result.err
+    assert "GO: 0 errors, 0 warnings" in result.out
+
+
 @pytest.mark.slow
 def test_readme_main_job_runs_the_whole_pipeline(cli: Callable[..., CliResult], tmp_path: Path) -> None:
     """No GPU here: the main job ends with the dry-run plan and exit 0 (the launch itself needs GPUs)."""

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, make_tiny_model
 
-from hydra_plugins.verl_safe_launch.callback import ENABLE_OVERRIDE, preflight_report, tool_token
+from hydra_plugins.verl_safe_launch.callback import ENABLE_OVERRIDE, flatten, preflight_report, tool_token
 from hydra_plugins.verl_safe_launch.search_path import VerlSafeLaunchSearchPathPlugin
+from verl_safe_launch.compose import compose
+from verl_safe_launch.inputs import ComposeRequest, cli_tokens
 
-# Run from the repository root: ``python -m``/``-c`` put it on sys.path, so Hydra's plugin scanner finds
-# hydra_plugins/verl_safe_launch even with an editable install (whose import hook hides it from the scanner).
 VERL_MAIN = ("-m", "verl.trainer.main_ppo")
 # verl's real entry point, with its validate_config wrapped: run it, print what verl received, stop before Ray.
 PROBED_MAIN = (
@@ -72,10 +72,65 @@ def test_preflight_report_stops_on_errors() -> None:
     )
     assert (
         "error [hardware-mismatch] trainer.n_gpus_per_node=8 asks for more GPUs per node than the hardware has (4)\n"
-        "  trainer.n_gpus_per_node = 8      from preset medium, conf/preset/medium.yaml:8\n"
+        "  trainer.n_gpus_per_node = 8      from preset medium, conf/preset/medium.yaml:15\n"
         "  hardware.gpus_per_node  = 4      from hardware: declared on the command line (+hardware.gpus_per_node=4)\n"
     ) in text
     assert text.splitlines()[-1].startswith("NO-GO: ")
+
+
+def test_the_report_checks_the_values_hydra_hands_to_verl() -> None:
+    overrides = ["+preset=medium", "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.name=vllm"]
+    ours = compose(ComposeRequest(overrides=cli_tokens([o.lstrip("+") for o in overrides])))
+    values = {**ours.view.values, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 7}
+    code, text = preflight_report(overrides, values)
+    assert code == 1
+    assert "error [batch-micro-divides-mini] actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=7" in text
+    assert preflight_report(overrides, dict(ours.view.values))[0] == 0
+
+
+def test_a_literal_preset_key_is_an_error_naming_the_fix() -> None:
+    code, text = preflight_report(["+preset=medium"], {"preset": "medium", "data.train_batch_size": 1024})
+    assert code == 1
+    assert text.splitlines()[1] == (
+        "error [preset-not-found] +preset=medium reached verl as a literal key 'preset: medium': Hydra did not "
+        "find verl-safe-launch's preset config group, so verl runs its own defaults"
+    )
+    assert "fix: install verl-safe-launch into the Python that runs verl" in text
+
+
+def test_a_hardware_token_in_verls_config_is_an_error_naming_the_callback_setting() -> None:
+    code, text = preflight_report(["+hardware.gpus_per_node=4"], {"hardware.gpus_per_node": 4})
+    assert code == 1
+    assert text.splitlines()[1:] == [
+        "error [tool-token-in-config] +hardware.gpus_per_node=4 reached verl as a config key "
+        "'hardware.gpus_per_node': the hardware is declared to the pre-flight callback, not to verl",
+        "  fix: +hydra.callbacks.vsl.gpus_per_node=4 (instead of +hardware.gpus_per_node=4)",
+    ]
+
+
+def test_hardware_declared_to_the_callback_reaches_the_preflight() -> None:
+    overrides = ["+preset=medium", "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.name=vllm"]
+    ours = compose(ComposeRequest(overrides=cli_tokens([o.lstrip("+") for o in overrides])))
+    code, text = preflight_report(overrides, dict(ours.view.values), {"gpus_per_node": 4})
+    assert code == 1
+    assert "  hardware.gpus_per_node  = 4      from hardware: declared on the command line " in text
+    assert "(+hydra.callbacks.vsl.gpus_per_node=4)" in text
+
+
+def test_flatten_keeps_lists_as_leaves() -> None:
+    assert flatten({"a": {"b": 1, "c": [1, 2]}, "d": {}}) == {"a.b": 1, "a.c": [1, 2], "d": {}}
+
+
+@pytest.mark.slow
+def test_presets_resolve_from_any_directory(tmp_path: Path) -> None:
+    env = {**os.environ, "VSL_HARDWARE_DETECT": "0"}
+    command = [sys.executable, *VERL_MAIN, "+preset=medium", "--cfg", "job"]
+    done = subprocess.run(
+        command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "  train_batch_size: 48\n" in done.stdout
+    assert "\npreset:" not in done.stdout
 
 
 def _run(args: tuple[str, ...], overrides: list[str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
@@ -107,7 +162,7 @@ def test_bad_override_is_stopped_by_our_report_before_verl_validates(tmp_path: P
     # 49 prompts × 12 samples = 588 trajectories on 8 GPUs: verl's own validate_config would refuse it
     # ("real_train_batch_size (588) must be divisible by minimal possible batch size (8)"); the declared
     # 4-GPU machine contradicts preset medium's 8 GPUs per node, which only the pre-flight knows.
-    overrides = ["+preset=medium", "+hardware.gpus_per_node=4", "data.train_batch_size=49"]
+    overrides = ["+preset=medium", "+hydra.callbacks.vsl.gpus_per_node=4", "data.train_batch_size=49"]
     done = _run(VERL_MAIN, overrides, tmp_path)
     assert done.returncode == 1, done.stderr[-3000:]
     assert "error [hardware-mismatch] trainer.n_gpus_per_node=8 asks for more GPUs per node" in done.stderr

@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-import types
-from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +23,29 @@ MICRO = f"{ARR}.actor.ppo_micro_batch_size_per_gpu"
 LOGPROB = f"{ARR}.rollout.log_prob_micro_batch_size_per_gpu"
 REF = f"{ARR}.ref.log_prob_micro_batch_size_per_gpu"
 
+# Every preset is a complete GRPO recipe: the critic-free estimator, vLLM, KL loss against the reference model.
+RECIPE = {
+    "algorithm.adv_estimator": "grpo",
+    "algorithm.use_kl_in_reward": False,
+    "data.filter_overlong_prompts": True,
+    f"{ARR}.model.use_remove_padding": True,
+    f"{ARR}.model.enable_gradient_checkpointing": True,
+    f"{ARR}.actor.use_kl_loss": True,
+    f"{ARR}.actor.kl_loss_coef": 0.001,
+    f"{ARR}.actor.kl_loss_type": "low_var_kl",
+    f"{ARR}.actor.entropy_coeff": 0,
+    f"{ARR}.rollout.name": "vllm",
+    f"{ARR}.rollout.gpu_memory_utilization": 0.5,
+}
+OFFLOAD = {f"{ARR}.actor.fsdp_config.param_offload": True, f"{ARR}.actor.fsdp_config.optimizer_offload": True}
+SP = f"{ARR}.actor.fsdp_config.ulysses_sequence_parallel_size"
 # The values each preset must carry, exactly.
 EXPECTED = {
     "small": {
+        **RECIPE,
+        **OFFLOAD,
+        "data.max_prompt_length": 512,
+        "data.max_response_length": 1024,
         "data.train_batch_size": 16,
         "trainer.n_gpus_per_node": 2,
         "trainer.nnodes": 1,
@@ -41,6 +57,9 @@ EXPECTED = {
         REF: 4,
     },
     "medium": {
+        **RECIPE,
+        "data.max_prompt_length": 1024,
+        "data.max_response_length": 2048,
         "data.train_batch_size": 48,
         "trainer.n_gpus_per_node": 8,
         "trainer.nnodes": 1,
@@ -52,13 +71,16 @@ EXPECTED = {
         REF: 6,
     },
     "cluster": {
+        **RECIPE,
+        "data.max_prompt_length": 1024,
+        "data.max_response_length": 2048,
         "data.train_batch_size": 128,
         "trainer.n_gpus_per_node": 8,
         "trainer.nnodes": 4,
-        f"{ARR}.model.use_remove_padding": True,
         f"{ARR}.actor.ppo_mini_batch_size": 128,
         MICRO: 8,
-        f"{ARR}.actor.ulysses_sequence_parallel_size": 4,
+        SP: 4,
+        f"{ARR}.ref.fsdp_config.ulysses_sequence_parallel_size": 4,
         f"{ARR}.rollout.n": 8,
         TP: 2,
         LOGPROB: 4,
@@ -116,7 +138,7 @@ def test_small_on_one_gpu() -> None:
     }
 
 
-def test_medium_on_six_gpus_sizes_tp_for_the_model() -> None:
+def test_medium_on_six_gpus_keeps_the_tp_that_fits() -> None:
     view = _compose(
         "preset=medium",
         "hardware.gpus_per_node=6",
@@ -125,14 +147,41 @@ def test_medium_on_six_gpus_sizes_tp_for_the_model() -> None:
     ).view
     adapted = _adapted(view)
     assert adapted.pop("trainer.n_gpus_per_node")[0] == 6
-    assert adapted.pop(TP) == (
-        1,
-        "preset medium: smallest TP that fits: 14.2 GiB of weights per GPU leave 25.8 GiB of the rollout's "
-        "40.0 GiB (gpu_memory_utilization 0.5 × 80 GiB) for the KV cache, 483371 tokens ≥ 32768 (max_model_len "
-        "null: the model's 32768 positions); divides 6 GPUs per node and the heads (28 attention, 4 KV)",
-    )
+    assert view.get(TP) == 2
     assert set(adapted) <= {MICRO, LOGPROB, REF}, "only the memory fit may move anything else"
     assert all(value <= EXPECTED["medium"][key] for key, (value, _) in adapted.items())
+
+
+def test_cluster_raises_tp_until_the_72b_weights_leave_kv_room() -> None:
+    view = _compose(
+        "preset=cluster",
+        "hardware.gpus_per_node=8",
+        "hardware.nodes=4",
+        "hardware.gpu_memory_gb=80",
+        f"{ARR}.model.path=Qwen/Qwen2.5-72B-Instruct",
+    ).view
+    assert _adapted(view, (TP,)) == {
+        TP: (
+            4,
+            "preset cluster: the smallest TP above the preset's that fits: 33.9 GiB of weights per GPU leave the "
+            "KV cache of gpu_memory_utilization 0.5 × 80 GiB 61535 tokens ≥ 32768 (max_model_len 32768); it "
+            "divides 8 GPUs per node and the heads (64 attention, 8 KV)",
+        )
+    }
+
+
+def test_offload_is_adapted_with_the_stage_it_relieves() -> None:
+    view = _compose(
+        "preset=medium",
+        "hardware.gpus_per_node=4",
+        "hardware.gpu_memory_gb=48",
+        f"{ARR}.model.path=Qwen/Qwen2.5-14B-Instruct",
+    ).view
+    reason = _adapted(view)[f"{ARR}.actor.fsdp_config.optimizer_offload"][1]
+    assert reason.startswith(
+        "preset medium: the optimizer states wait on the CPU outside the update; without it "
+    )
+    assert "old log-prob needs ~47.6 GiB per GPU" in reason
 
 
 def test_cluster_on_two_nodes_of_eight() -> None:
@@ -171,11 +220,12 @@ def test_cluster_on_one_six_gpu_node_shrinks_ulysses_and_batches() -> None:
     assert adapted == {
         "trainer.n_gpus_per_node": 6,
         "trainer.nnodes": 1,
-        f"{ARR}.actor.ulysses_sequence_parallel_size": 2,
+        SP: 2,
+        f"{ARR}.ref.fsdp_config.ulysses_sequence_parallel_size": 2,
         "data.train_batch_size": 129,
         f"{ARR}.actor.ppo_mini_batch_size": 129,
     }
-    assert view.get(f"{ARR}.ref.ulysses_sequence_parallel_size") == 2
+    assert view.get(f"{ARR}.ref.fsdp_config.ulysses_sequence_parallel_size") == 2
 
 
 def test_user_values_are_never_adapted() -> None:
@@ -201,7 +251,7 @@ def test_preset_auto_on_the_preset_example_with_declared_hardware() -> None:
     )
     adapted = _adapted(composed.view)
     assert adapted["trainer.n_gpus_per_node"][0] == 6
-    assert adapted[TP][0] == 1
+    assert TP not in adapted, "the preset's TP 2 divides 6 GPUs and fits"
     preflight = run_preflight(composed)
     assert preflight.ok, [f.message for f in preflight.findings if f.severity.value == "error"]
     infos = {f.rule_id: f for f in preflight.findings}
@@ -209,9 +259,10 @@ def test_preset_auto_on_the_preset_example_with_declared_hardware() -> None:
         "preset=auto chose medium: 6 GPUs on 1 node; declared on the command line, argument 2 "
         "(hardware.gpus_per_node=6)"
     )
-    adapted_findings = [f for f in preflight.findings if f.rule_id == "preset-adapted" and f.keys == (TP,)]
+    key = "trainer.n_gpus_per_node"
+    adapted_findings = [f for f in preflight.findings if f.rule_id == "preset-adapted" and f.keys == (key,)]
     assert render_finding(adapted_findings[0]).splitlines()[0] == (
-        f"info [preset-adapted] preset medium adapted {TP} from 2 to 1"
+        f"info [preset-adapted] preset medium adapted {key} from 8 to 6"
     )
 
 
@@ -253,50 +304,25 @@ def test_auto_without_any_gpu_count_is_a_usage_error() -> None:
     )
 
 
-@dataclass(frozen=True)
-class _Knob:
-    key: str
-    current: int | None
-    value: int | None
-    peak_gib: float
-    reason: str
+def test_micro_batches_are_capped_at_the_preset_values() -> None:
+    tokens = ("preset=medium", "hardware.gpus_per_node=8", "hardware.gpu_memory_gb=80")
+    view = _compose(*tokens, f"{ARR}.model.path=Qwen/Qwen2.5-7B-Instruct").view
+    assert {key: view.get(key) for key in (MICRO, LOGPROB, REF)} == {MICRO: 6, LOGPROB: 6, REF: 6}
+    tiny = _compose(*tokens, f"{ARR}.model.path=Qwen/Qwen2.5-0.5B-Instruct").view
+    assert {key: tiny.get(key) for key in (MICRO, LOGPROB, REF)} == {MICRO: 6, LOGPROB: 6, REF: 6}
 
 
-def _fake_fit(monkeypatch: pytest.MonkeyPatch, answers: Mapping[str, int]) -> list[Any]:
-    """Stand in for the memory fit: record the caps asked for, answer fixed values."""
-    calls: list[Any] = []
-
-    def fit_knobs(ctx: Any, margin: float = 0.10, cap: Mapping[str, int] | None = None) -> tuple[_Knob, ...]:
-        calls.append(cap)
-        return tuple(_Knob(k, ctx.view.get(k), v, 70.0, f"fits at {v}") for k, v in answers.items())
-
-    module = types.ModuleType("verl_safe_launch.memory.fit")
-    module.fit_knobs = fit_knobs  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "verl_safe_launch.memory.fit", module)
-    return calls
+def test_fit_lets_micro_batches_grow() -> None:
+    tokens = ("preset=medium", "hardware.gpus_per_node=8", "hardware.gpu_memory_gb=80")
+    view = _compose(*tokens, f"{ARR}.model.path=Qwen/Qwen2.5-7B-Instruct", fit=True).view
+    grown = {key: value for key, (value, _) in _adapted(view, (MICRO, LOGPROB, REF)).items()}
+    assert grown and all(value > 6 for value in grown.values())
 
 
-def test_micro_batches_are_capped_at_the_preset_values(monkeypatch: pytest.MonkeyPatch) -> None:
-    calls = _fake_fit(monkeypatch, {MICRO: 3, LOGPROB: 12, REF: 6})
-    view = _compose("preset=medium", "hardware.gpus_per_node=8", "hardware.gpu_memory_gb=80").view
-    assert calls == [{MICRO: 6, LOGPROB: 6, REF: 6}]
-    assert _adapted(view, (MICRO, LOGPROB, REF)) == {MICRO: (3, "preset medium: fits at 3")}
-    assert view.get(LOGPROB) == 6, "never raised above the preset without --fit"
-
-
-def test_fit_lets_micro_batches_grow(monkeypatch: pytest.MonkeyPatch) -> None:
-    calls = _fake_fit(monkeypatch, {MICRO: 3, LOGPROB: 12})
-    view = _compose("preset=medium", "hardware.gpus_per_node=8", "hardware.gpu_memory_gb=80", fit=True).view
-    assert calls == [None]
-    assert {k: v for k, (v, _) in _adapted(view, (MICRO, LOGPROB, REF)).items()} == {MICRO: 3, LOGPROB: 12}
-
-
-def test_fit_never_touches_user_micro_batches(monkeypatch: pytest.MonkeyPatch) -> None:
-    calls = _fake_fit(monkeypatch, {MICRO: 3})
+def test_fit_never_touches_user_micro_batches() -> None:
     tokens = ("preset=medium", "hardware.gpus_per_node=8", "hardware.gpu_memory_gb=80", f"{MICRO}=4")
-    view = _compose(*tokens).view
-    assert calls == [{LOGPROB: 6, REF: 6}]
-    assert view.get(MICRO) == 4 and _adapted(view, (MICRO, LOGPROB, REF)) == {}
+    view = _compose(*tokens, f"{ARR}.model.path=Qwen/Qwen2.5-7B-Instruct", fit=True).view
+    assert view.get(MICRO) == 4 and MICRO not in _adapted(view)
 
 
 def test_show_origin_names_the_adaptation(cli) -> None:  # type: ignore[no-untyped-def]
@@ -308,7 +334,7 @@ def test_show_origin_names_the_adaptation(cli) -> None:  # type: ignore[no-untyp
         "trainer.n_gpus_per_node = 1\n"
         "    from preset adapted to hardware: preset small: the hardware has 1 GPU per node: declared on the "
         "command line, argument 3 (hardware.gpus_per_node=1)\n"
-        "    replaced 2 from preset small, conf/preset/small.yaml:8\n"
+        "    replaced 2 from preset small, conf/preset/small.yaml:16\n"
         "    replaced 8 from verl default, verl/trainer/config/ppo_trainer.yaml:"
         + result.out.rsplit("ppo_trainer.yaml:", 1)[1]
     )
@@ -349,3 +375,23 @@ def test_presets_verb_unknown_name(cli) -> None:  # type: ignore[no-untyped-def]
     assert result.err == (
         "error: unknown preset 'huge'\n  where: command line, argument 2\n  fix: use one of: auto, cluster, medium, small\n"
     )
+
+
+def test_presets_verb_shows_values_adapted_to_declared_hardware(cli) -> None:  # type: ignore[no-untyped-def]
+    result: CliResult = cli(
+        "presets",
+        "auto",
+        "hardware.gpus_per_node=2",
+        "hardware.gpu_memory_gb=80",
+        f"{ARR}.model.path=Qwen/Qwen2.5-7B-Instruct",
+    )
+    assert result.code == 0, result.err
+    lines = result.out.splitlines()
+    assert lines[0].startswith("preset auto (auto chose small) adapted to: hardware.gpus_per_node=2")
+    strategy = next(
+        i for i, line in enumerate(lines) if line.split("=")[0].strip() == f"{ARR}.actor.strategy"
+    )
+    assert lines[strategy].endswith("= fsdp2")
+    assert lines[strategy + 1].strip().startswith("adapted: preset small: FSDP2's CPU offload policy")
+    plain: CliResult = cli("presets", "auto", "hardware.gpus_per_node=2")
+    assert plain.code == 0 and "  trainer.n_gpus_per_node" in plain.out

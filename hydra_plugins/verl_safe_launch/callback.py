@@ -7,19 +7,37 @@ Enable it on any ``python -m verl.trainer.main_ppo`` command line with
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from hydra.experimental.callback import Callback
 
 SUPPORTED_CONFIG = "ppo_trainer"
 ENABLE_OVERRIDE = "+hydra.callbacks.vsl._target_=hydra_plugins.verl_safe_launch.callback.PreflightCallback"
+HEADER = "verl-safe-launch pre-flight (inside verl's entry point; presets are not adapted here)\n"
+
+
+HARDWARE_FIELDS = ("nodes", "gpus_per_node", "gpu_memory_gb", "gpu_name")
 
 
 class PreflightCallback(Callback):
-    """Before each job: compose the same overrides with provenance, run the pre-flight, stop on errors."""
+    """Before each job: run the pre-flight on the config Hydra hands to verl; stop on errors.
+
+    The hardware is declared to the callback itself (``+hydra.callbacks.vsl.gpus_per_node=4``), so it stays
+    out of the config verl receives.
+    """
+
+    def __init__(self, **hardware: Any) -> None:
+        unknown = sorted(set(hardware) - set(HARDWARE_FIELDS))
+        if unknown:
+            raise SystemExit(
+                f"verl-safe-launch: unknown callback setting(s) {', '.join(unknown)}; "
+                f"use {', '.join(HARDWARE_FIELDS)}"
+            )
+        self.hardware = {key: value for key, value in hardware.items() if value is not None}
 
     def on_job_start(self, config: Any, *, task_function: Any, **kwargs: Any) -> None:
-        """Run the pre-flight on the overrides Hydra recorded; exit with status 1 when it finds errors."""
+        """Check the task config (Hydra's, without its ``hydra`` node); exit with status 1 on errors."""
         config_name = str(config.hydra.job.config_name)
         if config_name != SUPPORTED_CONFIG:
             sys.stderr.write(
@@ -27,30 +45,102 @@ class PreflightCallback(Callback):
                 f"this job uses {config_name}\n"
             )
             return
-        code, text = preflight_report([str(item) for item in config.hydra.overrides.task])
+        overrides = [str(item) for item in config.hydra.overrides.task]
+        code, text = preflight_report(overrides, task_values(config), self.hardware)
         sys.stderr.write(text)
         sys.stderr.flush()
         if code:
             raise SystemExit(code)
 
 
-def preflight_report(overrides: list[str]) -> tuple[int, str]:
-    """Exit status (0 go, 1 errors, 2 unusable overrides) and the report for Hydra's raw task overrides."""
+def task_values(config: Any) -> dict[str, Any]:
+    """The config verl's task function receives (Hydra drops the ``hydra`` node), as dotted leaves."""
+    from omegaconf import OmegaConf
+
+    container = OmegaConf.to_container(config, resolve=False)
+    assert isinstance(container, dict)
+    container.pop("hydra", None)
+    task = OmegaConf.create(container)
+    try:
+        plain = OmegaConf.to_container(task, resolve=True)
+    except Exception:  # an interpolation only verl's resolvers know: check the unresolved values
+        plain = container
+    assert isinstance(plain, dict)
+    return flatten({str(key): value for key, value in plain.items()})
+
+
+def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested mappings → ``{dotted.key: leaf}`` (lists are leaves)."""
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            out.update(flatten(value, dotted + "."))
+        else:
+            out[dotted] = value
+    return out
+
+
+def stray_tool_keys(values: Mapping[str, Any], overrides: list[str]) -> list[str]:
+    """Errors for tool tokens that reached verl's config as keys (``preset`` when the group was not found,
+    ``hardware.*``)."""
+    errors = []
+    for key in (k for k in values if k.startswith("hardware.")):
+        name = key.partition(".")[2]
+        token = next((o for o in overrides if o.lstrip("+").startswith(f"{key}=")), f"+{key}={values[key]}")
+        errors.append(
+            f"error [tool-token-in-config] {token} reached verl as a config key '{key}': the hardware is "
+            "declared to the pre-flight callback, not to verl\n"
+            f"  fix: +hydra.callbacks.vsl.{name}={values[key]} (instead of {token})\n"
+        )
+    if "preset" in values:
+        token = next(
+            (o for o in overrides if o.lstrip("+").startswith("preset=")), f"+preset={values['preset']}"
+        )
+        errors.append(
+            f"error [preset-not-found] {token} reached verl as a literal key 'preset: {values['preset']}': Hydra "
+            "did not find verl-safe-launch's preset config group, so verl runs its own defaults\n"
+            "  fix: install verl-safe-launch into the Python that runs verl (bash .ci/setup-venv, or pip install "
+            "-e . / pip install . in the repository), so its Hydra plugin is discovered from any directory\n"
+        )
+    return errors
+
+
+def preflight_report(
+    overrides: list[str], values: Mapping[str, Any] | None = None, hardware: Mapping[str, Any] | None = None
+) -> tuple[int, str]:
+    """Exit status (0 go, 1 errors, 2 unusable overrides) and the report for Hydra's task overrides.
+
+    ``values`` is the config Hydra composed for verl (dotted leaves): it is what gets checked; our own
+    composition of the same overrides only supplies each value's provenance.
+    """
+    from dataclasses import replace
+
     from verl_safe_launch.compose import compose
+    from verl_safe_launch.config_view import ConfigView
     from verl_safe_launch.errors import EXIT_PREFLIGHT, VslError
     from verl_safe_launch.inputs import ComposeRequest, OverrideToken
     from verl_safe_launch.preflight import run_preflight
     from verl_safe_launch.provenance import Layer, Source
     from verl_safe_launch.render import render_findings_text
 
+    stray = stray_tool_keys(values or {}, overrides)
+    if stray:
+        return EXIT_PREFLIGHT, HEADER + "".join(stray)
     tokens = tuple(OverrideToken(tool_token(text), Source(Layer.CLI, raw=text)) for text in overrides)
-    header = "verl-safe-launch pre-flight (inside verl's entry point; presets are not adapted here)\n"
+    tokens += tuple(
+        OverrideToken(f"hardware.{key}={value}", Source(Layer.CLI, raw=f"+hydra.callbacks.vsl.{key}={value}"))
+        for key, value in (hardware or {}).items()
+    )
     try:
-        preflight = run_preflight(compose(ComposeRequest(overrides=tokens)))
+        composed = compose(ComposeRequest(overrides=tokens))
     except VslError as exc:
-        return exc.exit_code, header + exc.render() + "\n"
+        return exc.exit_code, HEADER + exc.render() + "\n"
+    if values is not None:
+        composed = replace(composed, view=ConfigView(dict(values), composed.view.provenance))
+    preflight = run_preflight(composed)
     code = 0 if preflight.ok else EXIT_PREFLIGHT
-    return code, header + render_findings_text(preflight.findings)
+    return code, HEADER + render_findings_text(preflight.findings)
 
 
 def tool_token(text: str) -> str:

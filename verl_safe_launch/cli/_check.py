@@ -15,6 +15,7 @@ EXAMPLES = """\
   verl-safe-launch check -c launch_examples/grpo_6gpu.yaml
   verl-safe-launch check actor_rollout_ref.rollout.name=vllm data.train_batch_size=64 --format json
   verl-safe-launch check -c run.yaml trainer.n_gpus_per_node=8 && sbatch job.sbatch
+  verl-safe-launch check --fit -c launch_examples/grpo_6gpu.yaml hardware.gpu_memory_gb=80
 
 exit status: 0 go (clean or warnings only), 1 no-go (errors), 2 bad input.
 """
@@ -28,8 +29,13 @@ def main(args: Sequence[str], offset: int) -> int:
         EXAMPLES,
     )
     add_compose_args(parser)
+    parser.add_argument(
+        "--fit",
+        action="store_true",
+        help="fill every unset micro batch with the memory fit (and let a preset's grow), then judge",
+    )
     ns = parse(parser, args)
-    preflight = run_preflight(compose_for_launch(request_from_args(ns, args, offset)))
+    preflight = run_preflight(compose_for_launch(request_from_args(ns, args, offset), fit=ns.fit))
     if ns.format == "json":
         print_json(json_document({}, preflight.findings))
     else:

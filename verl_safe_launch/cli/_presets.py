@@ -9,8 +9,9 @@ from verl_safe_launch.cli._common import add_format_arg, make_parser, parse, pri
 from verl_safe_launch.compose import available_presets
 from verl_safe_launch.config_view import format_value
 from verl_safe_launch.errors import UsageError
-from verl_safe_launch.inputs import ToolSettings, detect_hardware
-from verl_safe_launch.presets import AUTO, PRESETS, PresetInfo, choose_auto, preset_values
+from verl_safe_launch.inputs import ComposeRequest, ToolSettings, cli_tokens, detect_hardware
+from verl_safe_launch.presets import AUTO, PRESETS, PresetInfo, choose_auto, compose_for_launch, preset_values
+from verl_safe_launch.provenance import Layer
 from verl_safe_launch.render import Column, json_document, render_table
 
 EXAMPLES = """\
@@ -18,14 +19,16 @@ EXAMPLES = """\
   verl-safe-launch presets medium
   verl-safe-launch presets auto
   verl-safe-launch presets cluster --format json
+  verl-safe-launch presets medium hardware.gpus_per_node=6 hardware.gpu_memory_gb=80
+  verl-safe-launch presets auto hardware.gpus_per_node=2 actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct
 """
 
 ADAPTS = (
-    "On other hardware the values you did not set adapt, each with its reason (show --origin, check):\n"
-    "GPU counts from the hardware; train and mini batch sizes to the nearest sizes that divide evenly;\n"
-    "rollout TP to the smallest that fits the weights with KV headroom; Ulysses to a divisor of the GPUs;\n"
-    "micro batches to divisors of their batch and to what fits in memory, never above the preset's value\n"
-    "unless --fit is given."
+    "On other hardware the values you did not set adapt, each with its reason (presets NAME hardware.*=..., show\n"
+    "--origin, check): GPU counts from the hardware; train and mini batch sizes to the nearest sizes that divide\n"
+    "evenly; Ulysses to a divisor of the GPUs; rollout memory fraction and TP, then optimizer / parameter offload,\n"
+    "then FSDP2's CPU offload, until every stage fits with the actor's state resident during rollout; micro\n"
+    "batches to divisors of their batch and to what fits, never above the preset's value unless --fit is given."
 )
 
 
@@ -33,6 +36,12 @@ def main(args: Sequence[str], offset: int) -> int:
     """Run ``presets``."""
     parser = make_parser("presets", "List the presets, or show one preset's values.", EXAMPLES)
     parser.add_argument("name", nargs="?", metavar="NAME", help="the preset to show")
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="KEY=VALUE",
+        help="hardware.* tokens (and e.g. the model path): show the values adapted to that hardware",
+    )
     add_format_arg(parser)
     ns = parse(parser, args)
     if ns.name is None:
@@ -44,8 +53,45 @@ def main(args: Sequence[str], offset: int) -> int:
             where=f"command line, argument {offset + 1 + list(args).index(ns.name)}",
             fix="use one of: " + ", ".join(available_presets()),
         )
+    if ns.overrides:
+        positions = [offset + 1 + list(args).index(text) for text in ns.overrides]
+        _show_adapted(ns.name, ns.overrides, positions, ns.format)
+        return 0
     _show(ns.name, ns.format)
     return 0
+
+
+def _show_adapted(name: str, overrides: list[str], positions: list[int], fmt: str) -> None:
+    """The preset composed for the declared hardware: every preset value, adapted ones with their reasons."""
+    tokens = cli_tokens([f"preset={name}", *overrides], [0, *positions])
+    composed = compose_for_launch(ComposeRequest(overrides=tokens))
+    view = composed.view
+    chosen = name
+    rows: list[tuple[str, Any, str | None]] = []
+    for key, prov in view.provenance.items():
+        layers = [prov.source.layer, *(w.source.layer for w in prov.history)]
+        if Layer.PRESET not in layers and Layer.ADAPTED not in layers:
+            continue
+        if prov.source.layer is Layer.PRESET and prov.source.name:
+            chosen = prov.source.name
+        reason = prov.source.reason if prov.source.layer is Layer.ADAPTED else None
+        rows.append((key, prov.value, reason))
+    if fmt == "json":
+        data = {
+            "name": name,
+            "preset": chosen,
+            "values": {key: value for key, value, _ in rows},
+            "adapted": {key: reason for key, _, reason in rows if reason},
+        }
+        print_json(data)
+        return
+    auto = f" (auto chose {chosen})" if name == AUTO else ""
+    print(f"preset {name}{auto} adapted to: {' '.join(overrides)}")
+    width = max((len(key) for key, _, _ in rows), default=0)
+    for key, value, reason in rows:
+        print(f"  {key:<{width}} = {format_value(value)}")
+        if reason:
+            print(f"  {'':<{width}}   adapted: {reason}")
 
 
 def _info(name: str) -> PresetInfo:

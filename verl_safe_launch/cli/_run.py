@@ -22,7 +22,7 @@ from verl_safe_launch.render import json_document, json_text, render_findings_te
 
 EXAMPLES = """\
   verl-safe-launch -c launch_examples/grpo_6gpu.yaml
-  verl-safe-launch preset=medium actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct data.train_files=...
+  verl-safe-launch preset=medium actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct data.train_files=train.parquet
   verl-safe-launch run --dry-run -c launch_examples/grpo_6gpu.yaml --run-dir /tmp/grpo-plan
   RAY_ADDRESS=10.0.0.1:6379 verl-safe-launch run -c my_run.yaml
 """

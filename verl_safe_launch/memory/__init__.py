@@ -9,6 +9,7 @@ from verl_safe_launch.memory.estimate import (
     MemoryEstimate,
     StageEstimate,
     estimate_memory,
+    stage_at,
 )
 from verl_safe_launch.memory.fit import KnobFit, candidates, fit_knobs
 from verl_safe_launch.memory.host import HostEstimate, host_estimate, host_findings
@@ -44,4 +45,5 @@ __all__ = [
     "memory_findings",
     "model_params",
     "pass_peak",
+    "stage_at",
 ]

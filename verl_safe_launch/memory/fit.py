@@ -95,7 +95,7 @@ def _fit_one(ctx: RuleContext, stage: str, key: str, margin: float, gpu: float, 
     if cap is not None:
         top = min(top, cap)
     limit = gpu / (1 + margin)
-    largest = _largest(lambda v: at(v).total <= limit, max(1, top))
+    largest = _largest(lambda v: _safe(at(v), limit, gpu), max(1, top))
     if largest is None:
         low = at(1 if not dynamic else BUDGET_STEP)
         why = f"even the smallest value needs {low.total:.1f} GiB of {gpu:g} GiB with the {margin:.0%} margin"
@@ -113,8 +113,19 @@ def _fit_one(ctx: RuleContext, stage: str, key: str, margin: float, gpu: float, 
         )
     est = at(value)
     return KnobFit(
-        key, current, value, est.total, _reason(est, largest, value, limit, blocked, dynamic), stage, add
+        key,
+        current,
+        value,
+        est.total,
+        _reason(est, largest, value, (limit, gpu), blocked, dynamic),
+        stage,
+        add,
     )
+
+
+def _safe(est: StageEstimate, limit: float, gpu: float) -> bool:
+    """Conservative: the central estimate within the margin and the upper band within the GPU."""
+    return est.total <= limit and est.high <= gpu
 
 
 def _largest(fits: Callable[[int], bool], top: int) -> int | None:
@@ -146,8 +157,14 @@ def _passes_rules(ctx: RuleContext, key: str, values: list[int]) -> tuple[int | 
     return None, first_block or "no candidate"
 
 
-def _reason(est: StageEstimate, largest: int, value: int, limit: float, blocked: str, dynamic: bool) -> str:
-    text = f"{est.name} peaks at {est.total:.1f} GiB (limit {limit:.1f} GiB with the margin)"
+def _reason(
+    est: StageEstimate, largest: int, value: int, limits: tuple[float, float], blocked: str, dynamic: bool
+) -> str:
+    limit, gpu = limits
+    text = (
+        f"{est.name} peaks at {est.total:.1f} GiB, band up to {est.high:.1f} (limits: {limit:.1f} GiB with the "
+        f"margin, the band within {gpu:g} GiB)"
+    )
     if value < largest:
         text += f"; up to {largest} would fit, {value} is the largest valid value"
         why = f"a multiple of {BUDGET_STEP}" if dynamic else "it divides the per-GPU batch"

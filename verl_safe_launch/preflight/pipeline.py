@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from verl_safe_launch.audit import audit
 from verl_safe_launch.compose import Composed, resolution_findings, structure_findings
@@ -15,7 +15,7 @@ from verl_safe_launch.inputs import (
     hardware_findings,
     load_architecture,
 )
-from verl_safe_launch.memory import memory_findings
+from verl_safe_launch.memory import fit_knobs, memory_findings
 from verl_safe_launch.presets import preset_findings
 from verl_safe_launch.rules import run_rules
 
@@ -56,6 +56,22 @@ def run_preflight(composed: Composed, hardware: HardwareFacts | HardwareProfile 
     findings.extend(audit(composed))
     findings.extend(preset_findings(composed, profile))
     findings.extend(hardware_findings(composed.view, profile))
-    findings.extend(run_rules(ctx))
+    findings.extend(with_fitted_maximum(run_rules(ctx), ctx))
     findings.extend(memory_findings(ctx))
     return Preflight(composed, tuple(findings), ctx)
+
+
+def with_fitted_maximum(findings: list[Finding], ctx: RuleContext) -> list[Finding]:
+    """An unset micro batch's fix gives a safe start; add the memory fit's maximum (what ``--fit`` would set)."""
+    unset = [f for f in findings if f.rule_id.endswith("-micro-keys") and f.fix and f.keys]
+    if not unset or ctx.hardware.gpu_memory_gb is None or ctx.actor_arch is None:
+        return findings
+    fits = {k.key: k for k in fit_knobs(ctx) if k.value is not None}
+    out = []
+    for finding in findings:
+        fit = fits.get(finding.keys[0]) if finding in unset else None
+        if fit is not None and finding.fix:
+            fix = f"{finding.fix}; the memory fit allows up to {fit.value} ('check --fit' sets it: {fit.reason})"
+            finding = replace(finding, fix=fix)
+        out.append(finding)
+    return out

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from verl_safe_launch.config_view import ARR, ConfigView, format_value
 from verl_safe_launch.context import RuleContext
@@ -135,7 +135,24 @@ def critic_micro_keys(ctx: RuleContext) -> list[Draft]:
     p = plan(ctx)
     if not p.use_critic or is_true(ctx.view, CRITIC_DYNAMIC):
         return []
-    return micro_key_drafts(ctx.view, p, CRITIC_KEYS, CRITIC_DYNAMIC)
+    drafts = micro_key_drafts(ctx.view, p, CRITIC_KEYS, CRITIC_DYNAMIC)
+    if drafts and _critic_by_default(ctx.view):
+        hint = (
+            "; did you mean `algorithm.adv_estimator=grpo`? verl's default estimator gae trains a critic, and no "
+            "critic model is set (critic.model.path is verl's placeholder)"
+        )
+        grpo = set_fix("algorithm.adv_estimator", "grpo")
+        return [replace(d, message=d.message + hint, fixes=(grpo, *d.fixes)) for d in drafts]
+    return drafts
+
+
+def _critic_by_default(view: ConfigView) -> bool:
+    """The critic runs only because verl's default estimator is gae: nobody set the estimator or a critic model."""
+    layers = [getattr(getattr(view.prov(k), "source", None), "layer", None) for k in (ESTIMATOR, CRITIC_PATH)]
+    return view.get(ESTIMATOR) == "gae" and all(str(layer) == "verl" for layer in layers)
+
+
+ESTIMATOR, CRITIC_PATH = "algorithm.adv_estimator", "critic.model.path"
 
 
 @check("verl-dynamic-bsz-mismatch", "actor and old log-prob must agree on dynamic batch size")

@@ -1,0 +1,103 @@
+"""Data files: local training and validation files exist, and a parquet file has the prompt column."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+from verl_safe_launch.config_view import ConfigView
+from verl_safe_launch.context import RuleContext
+from verl_safe_launch.findings import Rule, Severity
+from verl_safe_launch.rules.kit import Draft, check, kv
+
+FILE_KEYS = ("data.train_files", "data.val_files")
+PROMPT_KEY = "data.prompt_key"
+
+
+def _paths(value: object) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list | tuple):
+        return [str(v) for v in value if v is not None]
+    return []
+
+
+def _remote(path: str) -> bool:
+    return "://" in path
+
+
+def _by_default(view: ConfigView, key: str) -> bool:
+    prov = view.prov(key)
+    return prov is not None and str(prov.source.layer) == "verl"
+
+
+@check("data-files-missing", "local data files exist")
+def files_missing(ctx: RuleContext) -> list[Draft]:
+    """A local train/val file that is not there fails verl only when it loads the dataset, after the models."""
+    out: list[Draft] = []
+    for key in FILE_KEYS:
+        for path in _paths(ctx.view.get(key)):
+            if _remote(path) or Path(path).expanduser().exists():
+                continue
+            placeholder = _by_default(ctx.view, key)
+            what = "verl's placeholder path" if placeholder else "a local path"
+            msg = f"{kv(ctx.view, key)}: '{path}' is {what} and does not exist; verl fails when it loads the dataset"
+            fix = f"{key}=/path/to/your/{'train' if 'train' in key else 'test'}.parquet"
+            # verl's own placeholder is a warning: set it before launching, but it is not a choice you made
+            out.append(Draft((key,), msg, (), Severity.WARNING if placeholder else None, fix))
+    return out
+
+
+@check("data-files-remote", "remote data files are not checked here", Severity.INFO)
+def files_remote(ctx: RuleContext) -> list[Draft]:
+    """A remote URI (hdfs://, s3://, ...) is verl's to fetch: named, not checked."""
+    out: list[Draft] = []
+    for key in FILE_KEYS:
+        remote = [p for p in _paths(ctx.view.get(key)) if _remote(p)]
+        if remote:
+            out.append(Draft((key,), f"{key}: {', '.join(remote)} is remote; not checked before the launch"))
+    return out
+
+
+@functools.lru_cache(maxsize=64)
+def _columns(path: str, stamp: tuple[float, int]) -> tuple[str, ...] | None:
+    """Column names of a parquet file (schema only), None when it cannot be read."""
+    del stamp  # part of the cache key: a rewritten file is read again
+    try:
+        import pyarrow.parquet as pq  # type: ignore[import-untyped]
+    except ImportError:
+        return None
+    try:
+        return tuple(pq.read_schema(path).names)
+    except (OSError, ValueError):
+        return None
+
+
+@check("data-prompt-key-missing", "the parquet files have data.prompt_key")
+def prompt_key_missing(ctx: RuleContext) -> list[Draft]:
+    """verl reads each row's ``data.prompt_key`` column; a file without it fails at the first batch."""
+    prompt = ctx.view.get(PROMPT_KEY)
+    if not isinstance(prompt, str):
+        return []
+    out: list[Draft] = []
+    for key in FILE_KEYS:
+        for path in _paths(ctx.view.get(key)):
+            local = Path(path).expanduser()
+            if _remote(path) or local.suffix != ".parquet" or not local.is_file():
+                continue
+            stat = local.stat()
+            columns = _columns(str(local), (stat.st_mtime, stat.st_size))
+            if columns is None or prompt in columns:
+                continue
+            msg = (
+                f"{kv(ctx.view, PROMPT_KEY)} is not a column of {key} '{path}' (columns: {', '.join(columns)}); "
+                "verl fails when it reads the first batch"
+            )
+            fixes = tuple(f"{PROMPT_KEY}={c}" for c in columns if "prompt" in c.lower()) or (
+                f"set {PROMPT_KEY} to one of the columns",
+            )
+            out.append(Draft((PROMPT_KEY, key), msg, (), None, "; or ".join(fixes)))
+    return out
+
+
+RULES: tuple[Rule[RuleContext], ...] = (files_missing, files_remote, prompt_key_missing)
