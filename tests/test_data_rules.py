@@ -31,12 +31,25 @@ def _data(*tokens: str) -> list[Finding]:
     return [f for f in findings if f.rule_id.startswith("data-")]
 
 
-def test_missing_local_train_file_is_an_error(tmp_path: Path, parquet: Path) -> None:
+def test_missing_local_train_file_is_an_error_where_the_run_happens(
+    tmp_path: Path, parquet: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Inside a Slurm allocation (GPUs detected here) the file must be on this machine."""
+    monkeypatch.setenv("VSL_HARDWARE_DETECT", "1")
+    monkeypatch.setenv("SLURM_JOB_NUM_NODES", "1")
+    monkeypatch.setenv("SLURM_GPUS_ON_NODE", "8")
     found = _data(f"data.train_files={tmp_path / 'nope.parquet'}", f"data.val_files={parquet}")
     assert [(f.rule_id, f.severity, f.keys) for f in found] == [
         ("data-files-missing", Severity.ERROR, ("data.train_files",))
     ]
-    assert f"'{tmp_path / 'nope.parquet'}' is a local path and does not exist" in found[0].message
+    assert f"'{tmp_path / 'nope.parquet'}' is a local path and does not exist;" in found[0].message
+
+
+def test_missing_local_file_elsewhere_cannot_be_verified(tmp_path: Path, parquet: Path) -> None:
+    """Checked on a machine that is not where the job runs (a laptop, a login node): a warning, never NO-GO."""
+    found = _data(f"data.train_files={tmp_path / 'nope.parquet'}", f"data.val_files={parquet}")
+    assert [(f.rule_id, f.severity) for f in found] == [("data-files-missing", Severity.WARNING)]
+    assert "does not exist on this machine (cannot verify where the job runs)" in found[0].message
 
 
 def test_verls_placeholder_is_a_warning_and_remote_uris_are_info(parquet: Path) -> None:

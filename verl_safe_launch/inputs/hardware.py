@@ -65,7 +65,16 @@ class HardwareProfile:
             gpu_name=self.gpu_name.value if self.gpu_name else None,
             flash_attn=self.flash_attn.value if self.flash_attn else None,
             host_memory_gb=self.host_memory_gb.value if self.host_memory_gb else None,
+            on_this_machine=self.detected_here,
         )
+
+    @property
+    def detected_here(self) -> bool:
+        """True when the GPU count was detected on this machine rather than declared or read from a file."""
+        fact = self.gpus_per_node
+        if fact is None or fact.source.file is not None:
+            return False
+        return not (fact.source.reason or "").startswith(("declared", "given"))
 
 
 def detect_hardware(tool: ToolSettings, env: Mapping[str, str] | None = None) -> HardwareProfile:

@@ -41,10 +41,17 @@ def files_missing(ctx: RuleContext) -> list[Draft]:
                 continue
             placeholder = _by_default(ctx.view, key)
             what = "verl's placeholder path" if placeholder else "a local path"
-            msg = f"{kv(ctx.view, key)}: '{path}' is {what} and does not exist; verl fails when it loads the dataset"
+            here = ctx.hardware.on_this_machine
+            where = "" if here else " on this machine (cannot verify where the job runs)"
+            msg = (
+                f"{kv(ctx.view, key)}: '{path}' is {what} and does not exist{where}; "
+                "verl fails when it loads the dataset"
+            )
             fix = f"{key}=/path/to/your/{'train' if 'train' in key else 'test'}.parquet"
-            # verl's own placeholder is a warning: set it before launching, but it is not a choice you made
-            out.append(Draft((key,), msg, (), Severity.WARNING if placeholder else None, fix))
+            # An error only where the GPUs were detected (the run happens here); elsewhere the file may exist where
+            # the job runs. verl's own placeholder is a warning: set it, but it is not a choice you made.
+            severity = None if here and not placeholder else Severity.WARNING
+            out.append(Draft((key,), msg, (), severity, fix))
     return out
 
 
