@@ -5,16 +5,21 @@ from __future__ import annotations
 from verl_safe_launch.audit.aliases import ALIASES, IGNORED, covered, yaml_deprecations
 from verl_safe_launch.audit.migrate import command_line, plan_migration, render_yaml
 from verl_safe_launch.audit.run import AUDIT_RULES, audit, script_findings
+from verl_safe_launch.audit.verify import CANNOT_VERIFY, depends_on, qualify, unread_count
 
 __all__ = [
     "ALIASES",
     "AUDIT_RULES",
+    "CANNOT_VERIFY",
     "IGNORED",
     "audit",
     "command_line",
     "covered",
+    "depends_on",
     "plan_migration",
+    "qualify",
     "render_yaml",
     "script_findings",
+    "unread_count",
     "yaml_deprecations",
 ]

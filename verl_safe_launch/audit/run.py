@@ -22,7 +22,9 @@ def audit(composed: Composed, rules: Iterable[Rule[AuditContext]] | None = None)
 
 def script_findings(launch: ScriptLaunch) -> list[Finding]:
     """Findings about the script itself: passthrough, values it cannot resolve, defaults from the environment."""
-    findings = [_note_finding(launch, note) for note in launch.notes if note.kind != "env-default"]
+    findings = [
+        _note_finding(launch, note) for note in launch.notes if note.kind not in ("env-default", "machine")
+    ]
     defaults = [n for n in launch.notes if n.kind == "env-default"]
     if defaults:
         findings.append(_env_defaults(launch, defaults))
@@ -33,6 +35,11 @@ def script_findings(launch: ScriptLaunch) -> list[Finding]:
 
 _NOTE_RULES: dict[str, tuple[str, Severity, str]] = {
     "unresolved": ("script-unresolved", Severity.INFO, "not audited: {raw} depends on {detail}"),
+    "maybe": (
+        "script-unresolved",
+        Severity.INFO,
+        "not audited: {raw} is passed only on some paths: {detail}",
+    ),
     "hydra-option": ("script-hydra-option", Severity.INFO, "not audited: {raw} is a {detail}"),
     "config": ("script-config", Severity.INFO, "not audited: {raw}: {detail}"),
     "conditional": ("script-conditional", Severity.INFO, "line {line}: {detail}; it is audited as written"),
@@ -59,7 +66,7 @@ def _note_finding(launch: ScriptLaunch, note: ScriptNote) -> Finding:
 def _note_fix(launch: ScriptLaunch, note: ScriptNote) -> str:
     if note.kind == "deprecated-config":
         return f"replace --config-path/--config-name with the override {note.detail}"
-    if note.kind == "unresolved":
+    if note.kind in ("unresolved", "maybe"):
         return f"to audit the value, pass it after '--': verl-safe-launch audit {launch.path} -- KEY=VALUE"
     return "nothing to do"
 

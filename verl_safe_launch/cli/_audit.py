@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from verl_safe_launch.audit import script_findings
+from verl_safe_launch.audit import qualify, script_findings, unread_count
 from verl_safe_launch.cli._common import add_format_arg, make_parser, parse, print_json
 from verl_safe_launch.compose import Overlay
 from verl_safe_launch.errors import EXIT_OK, EXIT_PREFLIGHT, EXIT_USAGE, VslError
@@ -30,7 +30,10 @@ EXAMPLES = """\
   verl-safe-launch audit run_qwen2-7b_grpo.sh -- trainer.nnodes=2 actor_rollout_ref.rollout.n=8
 
 Arguments after '--' are audited as the script's own arguments ("$@").
-exit status: 0 go (clean or warnings only), 1 no-go (errors in any launch), 2 a script could not be read.
+A finding that a part of the script the reader could not read might change is reported as "cannot verify",
+and the launch as UNVERIFIED (parts not read) instead of GO.
+exit status: 0 go or unverified (clean or warnings only), 1 no-go (errors in any launch; with --strict also
+unverified launches and warnings), 2 a script could not be read.
 """
 
 
@@ -40,6 +43,12 @@ class LaunchAudit:
 
     launch: ScriptLaunch
     findings: tuple[Finding, ...]
+    unread: int = 0
+
+    @property
+    def verdict(self) -> str:
+        """``go``, ``no-go`` or ``unverified`` (parts of the launch were not read)."""
+        return verdict(self.findings, self.unread)
 
 
 @dataclass(frozen=True)
@@ -76,7 +85,7 @@ class Auditor:
         findings = [*run_preflight(composed, self.hardware).findings, *script_findings(launch)]
         if self.passthrough and launch.passthrough is None:
             findings.append(_unused_passthrough(launch))
-        return LaunchAudit(launch, tuple(findings))
+        return LaunchAudit(launch, tuple(qualify(findings, launch)), unread_count(launch))
 
 
 def _unused_passthrough(launch: ScriptLaunch) -> Finding:
@@ -92,6 +101,11 @@ def main(args: Sequence[str], offset: int) -> int:
         "audit", "Audit raw bash launch scripts (python -m verl.trainer.main_ppo ...).", EXAMPLES
     )
     parser.add_argument("scripts", nargs="+", metavar="SCRIPT", help="bash launch scripts")
+    parser.add_argument(
+        "--strict",
+        action="store_true",
+        help="exit 1 also when a launch is unverified (parts not read) or has warnings",
+    )
     add_format_arg(parser)
     own, extra, extra_at = _split_passthrough(args)
     ns = parse(parser, own)
@@ -102,7 +116,7 @@ def main(args: Sequence[str], offset: int) -> int:
         print_json(audit_json(results))
     else:
         print(render_audit_text(results), end="")
-    return _exit_code(results)
+    return _exit_code(results, strict=ns.strict)
 
 
 def _split_passthrough(args: Sequence[str]) -> tuple[list[str], list[str], int]:
@@ -113,11 +127,18 @@ def _split_passthrough(args: Sequence[str]) -> tuple[list[str], list[str], int]:
     return list(args[:cut]), list(args[cut + 1 :]), cut + 1
 
 
-def _exit_code(results: list[ScriptAudit]) -> int:
+def _exit_code(results: list[ScriptAudit], *, strict: bool = False) -> int:
     if any(r.error is not None for r in results):
         return EXIT_USAGE
-    findings = [f for r in results for launch in r.launches for f in launch.findings]
-    return EXIT_PREFLIGHT if has_errors(findings) else EXIT_OK
+    launches = [launch for r in results for launch in r.launches]
+    findings = [f for launch in launches for f in launch.findings]
+    if has_errors(findings):
+        return EXIT_PREFLIGHT
+    if strict and (
+        any(launch.unread for launch in launches) or any(f.severity is Severity.WARNING for f in findings)
+    ):
+        return EXIT_PREFLIGHT
+    return EXIT_OK
 
 
 def render_audit_text(results: list[ScriptAudit]) -> str:
@@ -130,19 +151,21 @@ def render_audit_text(results: list[ScriptAudit]) -> str:
         for item in result.launches:
             launch = item.launch
             header = f"== {launch.label}: launch {launch.index} of {len(result.launches)}, {len(launch.tokens)} overrides"
-            blocks.append(f"{header}\n{render_report(item.findings)}")
+            blocks.append(f"{header}\n{render_report(item.findings, item.unread)}")
             everything.extend(item.findings)
     if sum(len(r.launches) for r in results) > 1:
-        blocks.append(f"== all launches: {summary_line(everything)}\n")
+        unread = sum(item.unread for r in results for item in r.launches)
+        blocks.append(f"== all launches: {summary_line(everything, unread)}\n")
     return "\n".join(blocks)
 
 
 def audit_json(results: list[ScriptAudit]) -> dict[str, object]:
     """The stable JSON report of an audit (schema 1; see README)."""
     everything = [f for r in results for launch in r.launches for f in launch.findings]
+    unread = sum(item.unread for r in results for item in r.launches)
     return {
         "schema": 1,
-        "verdict": verdict(everything),
+        "verdict": verdict(everything, unread),
         "summary": counts(everything),
         "scripts": [_script_json(r) for r in results],
     }
@@ -156,7 +179,8 @@ def _script_json(result: ScriptAudit) -> dict[str, object]:
             {
                 "line": item.launch.line,
                 "index": item.launch.index,
-                "verdict": verdict(item.findings),
+                "verdict": item.verdict,
+                "unread": item.unread,
                 "summary": counts(item.findings),
                 "overrides": [{"text": t.text, "line": t.source.line} for t in item.launch.tokens],
                 "findings": findings_json(item.findings),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
-from verl_safe_launch.shell.script import ScriptLaunch, ScriptNote, parse_script, read_script
+from verl_safe_launch.shell.expand import OPAQUE
+from verl_safe_launch.shell.script import ScriptLaunch, ScriptNote, override_key, parse_script, read_script
 
-__all__ = ["ScriptLaunch", "ScriptNote", "parse_script", "read_script"]
+__all__ = ["OPAQUE", "ScriptLaunch", "ScriptNote", "override_key", "parse_script", "read_script"]

@@ -8,12 +8,12 @@ from pathlib import Path
 from verl_safe_launch.errors import InputError
 from verl_safe_launch.inputs import ComposeRequest, OverrideToken, verl_config_dir, verl_package_dir
 from verl_safe_launch.provenance import Layer, Source
-from verl_safe_launch.shell.expand import Env, Expander, Field, apply_assignments
+from verl_safe_launch.shell.expand import OPAQUE, Env, Expander, Field, apply_assignments
 from verl_safe_launch.shell.words import ArrayAssign, Op, PartKind, ShellSyntaxError, Token, Word, lex
 
 MODULE = "verl.trainer.main_ppo"
 _SEPARATORS = frozenset({"\n", ";", "&", "&&", "||", "|", "|&", ";;", "(", ")"})
-_REDIRECTS = frozenset({">", ">>", "<", "&>", ">&", "<&"})
+_REDIRECTS = frozenset({">", ">>", "<", "<<<", "&>", ">&", "<&"})
 _OPENERS = frozenset({"if", "while", "until", "for", "case", "select"})
 _CLOSERS = frozenset({"fi", "done", "esac"})
 _PREFIX_WORDS = frozenset({"then", "else", "elif", "do", "!", "{", "}", "time", "exec", "nohup", "command"})
@@ -28,12 +28,23 @@ DEPRECATED_CONFIG_NAMES = {"ppo_megatron_trainer": "model_engine=megatron"}
 
 @dataclass(frozen=True)
 class ScriptNote:
-    """Something in a launch the reader did not turn into an override: kind, line, raw text and why."""
+    """Something in a launch the reader did not turn into an override: kind, line, raw text and why.
+
+    A part the reader could not read says which keys it could set: ``supplies`` names them, ``None`` means any
+    key; ``position`` is the number of overrides before it (Hydra keeps the last value of a key).
+    """
 
     kind: str
     line: int
     raw: str
     detail: str
+    supplies: tuple[str, ...] | None = ()
+    position: int = 0
+
+    @property
+    def unread(self) -> bool:
+        """True when this part could set a value the reader did not see."""
+        return self.supplies is None or bool(self.supplies)
 
 
 @dataclass(frozen=True)
@@ -272,12 +283,15 @@ class _LaunchBuilder:
             if self.passthrough is None:
                 self.passthrough = Passthrough(len(self.tokens), f.line, f.raw)
             return None
+        if f.maybe is not None:
+            self._unread("maybe", f, f.maybe)
+            return None
         if f.problem is not None:
             flag = f.raw.strip("'\"").partition("=")[0]
             if flag in _CONFIG_PATH_FLAGS | _CONFIG_NAME_FLAGS:
                 self._flag_value(flag, f)
             else:
-                self.notes.append(ScriptNote("unresolved", f.line, f.raw, f.problem))
+                self._unread("unresolved", f, f.problem)
             return None
         flag, eq, value = f.text.partition("=")
         if flag in _CONFIG_PATH_FLAGS | _CONFIG_NAME_FLAGS | _HYDRA_VALUE_FLAGS:
@@ -296,8 +310,20 @@ class _LaunchBuilder:
                 ScriptNote("hydra-option", f.line, f.raw, "Hydra runtime setting, not part of verl's config")
             )
             return None
+        if f.machine is not None:
+            detail = f"${f.machine}, which differs from machine to machine"
+            self.notes.append(ScriptNote("machine", f.line, f.text, detail, (), len(self.tokens)))
         self.tokens.append(OverrideToken(f.text, Source(Layer.SCRIPT, self.name, f.line, raw=f.raw)))
         return None
+
+    def _unread(self, kind: str, f: Field, detail: str) -> None:
+        """A part whose value (or presence) is unknown: the key it sets when that much is written out."""
+        key = override_key(f.text)
+        if key is not None and (key == "hydra" or key.startswith(("hydra.", "-"))):
+            supplies: tuple[str, ...] | None = ()
+        else:
+            supplies = (key,) if key is not None else None
+        self.notes.append(ScriptNote(kind, f.line, f.raw, detail, supplies, len(self.tokens)))
 
     def _flag_value(self, flag: str, value: Field) -> None:
         if flag in _CONFIG_PATH_FLAGS:
@@ -318,7 +344,7 @@ class _LaunchBuilder:
         for f in (path_field, name_field):
             if f is not None and f.problem is not None:
                 self.notes.append(
-                    ScriptNote("config", f.line, f.raw, f"{f.problem}; the config file is not audited")
+                    ScriptNote("config", f.line, f.raw, f"{f.problem}; the config file is not audited", None)
                 )
                 return (), ()
         name = (name_field.text if name_field else "ppo_trainer").removesuffix(".yaml")
@@ -330,7 +356,9 @@ class _LaunchBuilder:
         if directory is None or not (directory / f"{name}.yaml").is_file():
             shown = f"{path_field.text if path_field else 'config'}/{name}.yaml"
             self.notes.append(
-                ScriptNote("config", where.line, where.raw, f"config file {shown} not found; not audited")
+                ScriptNote(
+                    "config", where.line, where.raw, f"config file {shown} not found; not audited", None
+                )
             )
             return (), ()
         return (directory / f"{name}.yaml",), ()
@@ -343,9 +371,19 @@ class _LaunchBuilder:
             self.notes.append(ScriptNote("deprecated-config", where.line, where.raw, text))
             return (OverrideToken(text, Source(Layer.SCRIPT, self.name, where.line, raw=where.raw)),)
         self.notes.append(
-            ScriptNote("config", where.line, where.raw, f"verl config '{name}' is not the PPO trainer's")
+            ScriptNote(
+                "config", where.line, where.raw, f"verl config '{name}' is not the PPO trainer's", None
+            )
         )
         return ()
+
+
+def override_key(text: str) -> str | None:
+    """The key of an override whose key is written out (``key=$X``, ``+key=...``), else None."""
+    key, eq, _ = text.lstrip("+~").partition("=")
+    if not eq or not key or OPAQUE in key or any(c.isspace() for c in key):
+        return None
+    return key
 
 
 def _config_dir(text: str) -> Path | None:
@@ -395,4 +433,4 @@ def _raw(items: list[Word | ArrayAssign]) -> str:
     return " ".join(i.raw for i in items)
 
 
-__all__ = ["Passthrough", "ScriptLaunch", "ScriptNote", "parse_script", "read_script"]
+__all__ = ["Passthrough", "ScriptLaunch", "ScriptNote", "override_key", "parse_script", "read_script"]

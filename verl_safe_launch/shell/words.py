@@ -14,17 +14,19 @@ class PartKind(StrEnum):
     VAR = "var"  # $NAME, ${NAME}, ${NAME:-default}, $1
     ARGS = "args"  # $@, $*, ${@}
     ARRAY = "array"  # ${NAME[@]}
-    SUBST = "subst"  # $(...), `...`, $((...)), and expansions this lexer does not evaluate
+    ARITH = "arith"  # $((...)): the expression inside
+    SUBST = "subst"  # $(...), `...`, and expansions this lexer does not evaluate
 
 
 @dataclass(frozen=True)
 class Part:
-    """One piece of a word; ``default`` holds the parts of ``${NAME:-default}``."""
+    """One piece of a word; ``default`` holds the parts of ``${NAME:-default}`` (``${NAME:+alt}`` when ``alt``)."""
 
     kind: PartKind
     text: str
     quoted: bool
     default: tuple[Part, ...] | None = None
+    alt: bool = False
 
 
 @dataclass(frozen=True)
@@ -70,8 +72,8 @@ class ShellSyntaxError(Exception):
 _PLAIN = re.compile(r"[^\s'\"\\$`;&|()<>]+")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _ASSIGN_PREFIX = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(\+?)=$")
-_BRACE = re.compile(r"([A-Za-z_][A-Za-z0-9_]*|[0-9]+|[@*])(?:\[([@*])\])?(?:(:?[-=])(.*))?$", re.DOTALL)
-_OPERATORS = ("&&", "||", ";;", "|&", ">>", "<<-", "<<", "&>", ">&", "<&", ";", "&", "|", ">", "<")
+_BRACE = re.compile(r"([A-Za-z_][A-Za-z0-9_]*|[0-9]+|[@*])(?:\[([@*])\])?(?:(:?[-=+])(.*))?$", re.DOTALL)
+_OPERATORS = ("&&", "||", ";;", "|&", ">>", "<<<", "<<-", "<<", "&>", ">&", "<&", ";", "&", "|", ">", "<")
 _DQ_ESCAPABLE = '$`"\\'
 _SPECIAL_PARAMS = "#?$!-0123456789"
 
@@ -218,6 +220,11 @@ class _Lexer:
     def _dollar(self, quoted: bool) -> Part:
         text, i = self.text, self.i
         nxt = text[i + 1 : i + 2]
+        if text.startswith("((", i + 1):
+            end = _matching(text, i + 1, "(", ")")
+            if end >= 0 and text[end - 1 : end] == ")":
+                part = self._subst(i, end + 1, quoted)
+                return Part(PartKind.ARITH, part.text[3:-2], quoted)
         if nxt == "(":
             end = _matching(text, i + 1, "(", ")")
             if end < 0:
@@ -270,7 +277,8 @@ class _Lexer:
             return Part(kind, name if not op else raw, quoted)
         if op is None:
             return Part(PartKind.VAR, name, quoted)
-        return Part(PartKind.VAR, name, quoted, default=_default_parts(default, quoted))
+        alt = op.endswith("+")
+        return Part(PartKind.VAR, name, quoted, default=_default_parts(default, quoted), alt=alt)
 
     def _operator(self, ch: str) -> None:
         text, i = self.text, self.i
