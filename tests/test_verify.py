@@ -135,3 +135,63 @@ def test_go_only_when_everything_was_read(cli: Cli, tmp_path: Path) -> None:
 def test_findings_depend_on_their_keys_and_cited_values() -> None:
     finding = Finding("r", Severity.ERROR, ("a.b",), "m", None, (("c.d", 1, None),))  # type: ignore[arg-type]
     assert depends_on(finding) == ("a.b", "c.d")
+
+
+# --- one launch's own later values, and Hydra's '+' rule ---------------------------------------------------
+
+
+def test_shared_value_replaced_on_the_launch_line_is_a_warning(cli: Cli, tmp_path: Path) -> None:
+    text = f"A=({BASE} {ARR}.rollout.name=vllm {ARR}.actor.use_kl_loss=True)\n"
+    code, report = audit_json(cli, tmp_path, f'{text}{LAUNCH} "${{A[@]}}" {ARR}.actor.use_kl_loss=False\n')
+    launch = launch_of(report)
+    assert code == 0
+    assert "duplicate-key" in rules(launch, "warning")
+    assert "looks deliberate" in messages(launch, "duplicate-key")[0]
+
+
+def test_two_values_on_the_launch_line_stay_an_error(cli: Cli, tmp_path: Path) -> None:
+    text = f"{LAUNCH} {BASE} {ARR}.rollout.name=vllm {ARR}.actor.use_kl_loss=True {ARR}.actor.use_kl_loss=False\n"
+    code, report = audit_json(cli, tmp_path, text)
+    assert code == 1
+    assert "duplicate-key" in rules(launch_of(report), "error")
+
+
+def test_explicit_value_emptied_by_an_unset_variable_is_reported(cli: Cli, tmp_path: Path) -> None:
+    text = f"{LAUNCH} {BASE} {ARR}.rollout.name=vllm trainer.val_before_train=True trainer.val_before_train=${{NEVER}}\n"
+    code, report = audit_json(cli, tmp_path, text)
+    launch = launch_of(report)
+    assert (code, launch["verdict"]) == (0, "unverified")
+    assert messages(launch, "script-emptied-value") == [
+        "trainer.val_before_train=True (line 1) is replaced by trainer.val_before_train=${NEVER} (line 1); the "
+        "script never sets $NEVER, so unless the environment does, Hydra gets 'trainer.val_before_train=' and "
+        "the value becomes ''"
+    ]
+
+
+@pytest.mark.parametrize(
+    "token",
+    [f"+{ARR}.rollout.name=vllm", "+trainer.logger=[console]", "+trainer.max_actor_ckpt_to_keep=2"],
+)
+def test_plus_on_a_null_missing_or_merged_value_is_accepted(cli: Cli, tmp_path: Path, token: str) -> None:
+    """Hydra 1.3 accepts '+key=v' where the value is null or '???', or where v is a list or dict."""
+    name = "" if "rollout.name" in token else f"{ARR}.rollout.name=vllm"
+    _code, report = audit_json(cli, tmp_path, f"{LAUNCH} {BASE} {name} {token}\n")
+    assert "unknown-key" not in rules(launch_of(report), "error")
+    shown = cli("show", *BASE.split(), *name.split(), token, "--key", "trainer.logger")
+    assert shown.code == 0, shown.err
+
+
+def test_plus_on_a_set_value_is_refused_everywhere(cli: Cli, tmp_path: Path) -> None:
+    code, report = audit_json(
+        cli, tmp_path, f"{LAUNCH} {BASE} {ARR}.rollout.name=vllm +data.train_batch_size=8\n"
+    )
+    assert (code, rules(launch_of(report), "error")) == (1, ["unknown-key"])
+    assert cli("show", "+data.train_batch_size=8").code == 2
+
+
+@pytest.mark.parametrize("value", ["{a.b:{}}", "{model.visual.blocks:{}}"])
+def test_dict_value_with_dotted_keys_composes(cli: Cli, tmp_path: Path, value: str) -> None:
+    token = f"+{ARR}.actor.fsdp_config.fsdp_plan.apply_modules={value}"
+    code, report = audit_json(cli, tmp_path, f"{LAUNCH} {BASE} {ARR}.rollout.name=vllm {token}\n")
+    assert code in (0, 1)
+    assert report["scripts"][0]["error"] is None  # type: ignore[index]

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from verl_safe_launch.compose import config_groups
 from verl_safe_launch.findings import Finding, Severity
+from verl_safe_launch.inputs import OverrideToken
 from verl_safe_launch.provenance import Layer, Source
 from verl_safe_launch.shell import ScriptLaunch, ScriptNote, override_key
 
@@ -82,10 +83,15 @@ def depends_on(finding: Finding) -> tuple[str, ...]:
 
 
 def qualify(findings: Iterable[Finding], launch: ScriptLaunch) -> list[Finding]:
-    """Turn every error and warning that an unread part of the launch could change into "cannot verify"."""
+    """Judge a launch's findings by what was read.
+
+    Every error and warning that an unread part of the launch could change becomes "cannot verify"; a shared
+    value replaced on the launch line itself is a warning; an explicit value emptied by an unset variable is one.
+    """
+    findings = [_deliberate(f, launch) for f in findings]
     unread = Unread.of(launch)
     if not unread.parts:
-        return list(findings)
+        return findings
     structural = unread.structural()
     out: list[Finding] = []
     for finding in findings:
@@ -94,7 +100,52 @@ def qualify(findings: Iterable[Finding], launch: ScriptLaunch) -> list[Finding]:
             continue
         part = unread.changes(finding, structural)
         out.append(finding if part is None else cannot_verify(finding, part, launch))
+    return [*out, *_emptied(launch)]
+
+
+def _deliberate(finding: Finding, launch: ScriptLaunch) -> Finding:
+    """A key defined before the launch (in an array or a variable) and replaced on the launch line: a warning."""
+    if finding.rule_id != "duplicate-key" or finding.severity is not Severity.ERROR:
+        return finding
+    lines = [source.line for _key, _value, source in finding.sources]
+    if None in lines or len(lines) < 2:
+        return finding
+    *earlier, last = (line for line in lines if line is not None)
+    if not (all(line < launch.line for line in earlier) and last >= launch.line):
+        return finding
+    message = (
+        f"{finding.message}; the launch on line {launch.line} replaces a value defined earlier in the script, "
+        "which looks deliberate"
+    )
+    return replace(finding, severity=Severity.WARNING, message=message)
+
+
+def _emptied(launch: ScriptLaunch) -> list[Finding]:
+    """``key=$UNSET`` after an explicit ``key=value``: unless the environment sets it, the value becomes ''."""
+    out: list[Finding] = []
+    for note in launch.notes:
+        if note.kind != "unresolved" or not note.supplies or len(note.supplies) != 1:
+            continue
+        if not note.detail.endswith("which the script does not set"):
+            continue
+        key = note.supplies[0]
+        before = [t for t in launch.tokens[: note.position] if override_key(t.text) == key]
+        if before:
+            out.append(_emptied_one(launch, note, key, before[-1]))
     return out
+
+
+def _emptied_one(launch: ScriptLaunch, note: ScriptNote, key: str, token: OverrideToken) -> Finding:
+    variable = note.detail.split(",", 1)[0]
+    line = token.source.line
+    message = (
+        f"{token.text} (line {line}) is replaced by {note.raw} (line {note.line}); the script never sets "
+        f"{variable}, so unless the environment does, Hydra gets '{key}=' and the value becomes ''"
+    )
+    fix = f"set {variable} in the script, or keep one of the two ({token.text})"
+    here = Source(Layer.SCRIPT, launch.path, note.line, raw=note.raw)
+    sources = ((key, token.text.partition("=")[2], token.source), (key, note.raw, here))
+    return Finding("script-emptied-value", Severity.WARNING, (key,), message, fix, sources)
 
 
 def cannot_verify(finding: Finding, part: ScriptNote, launch: ScriptLaunch) -> Finding:
