@@ -237,6 +237,22 @@ def test_user_config_file_becomes_a_yaml_layer(tmp_path: Path) -> None:
     assert notes(missing) == [("config", 1, f"config file {tmp_path}/nothere.yaml not found; not audited")]
 
 
+def test_user_config_inheriting_megatron_selects_the_megatron_engine(tmp_path: Path) -> None:
+    (tmp_path / "mine.yaml").write_text("defaults:\n  - ppo_megatron_trainer\n  - _self_\n")
+    launch = one(f"{LAUNCH} --config-path={tmp_path} --config-name=mine a.b=1\n")
+    assert launch.config_files == (tmp_path / "mine.yaml",)
+    assert texts(launch) == ["model_engine=megatron", "a.b=1"]
+    assert supplies(launch) == []
+
+
+def test_user_config_with_other_defaults_is_not_verified(tmp_path: Path) -> None:
+    (tmp_path / "mine.yaml").write_text("defaults:\n  - ppo_trainer\n  - override actor: x\n  - _self_\n")
+    (tmp_path / "other.yaml").write_text("defaults:\n  - my_base\n")
+    for name in ("mine", "other"):
+        launch = one(f"{LAUNCH} --config-path={tmp_path} --config-name={name} a.b=1\n")
+        assert supplies(launch) == [("config", 1, None)]
+
+
 # --- errors: compact, exact ------------------------------------------------------------------------------
 
 ERRORS = [

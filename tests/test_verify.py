@@ -195,3 +195,21 @@ def test_dict_value_with_dotted_keys_composes(cli: Cli, tmp_path: Path, value: s
     code, report = audit_json(cli, tmp_path, f"{LAUNCH} {BASE} {ARR}.rollout.name=vllm {token}\n")
     assert code in (0, 1)
     assert report["scripts"][0]["error"] is None  # type: ignore[index]
+
+
+def test_named_config_inheriting_megatron_judges_megatron_keys(cli: Cli, tmp_path: Path) -> None:
+    (tmp_path / "mine.yaml").write_text("defaults:\n  - ppo_megatron_trainer\n  - _self_\n")
+    text = f"{LAUNCH} --config-path={tmp_path} --config-name=mine {BASE} {ARR}.rollout.name=vllm "
+    good = f"{ARR}.actor.megatron.tensor_model_parallel_size=2"
+    code, report = audit_json(cli, tmp_path, text + good + "\n")
+    assert (code, launch_of(report)["verdict"]) == (0, "go")
+    code, report = audit_json(cli, tmp_path, text + f"{ARR}.actor.megatron.tensor_model_parallel_sise=2\n")
+    assert rules(launch_of(report), "error") == ["unknown-key"]
+
+
+def test_unreadable_named_config_makes_key_findings_cannot_verify(cli: Cli, tmp_path: Path) -> None:
+    text = f"{LAUNCH} --config-path=$(pwd)/conf --config-name=mine {BASE} {ARR}.actor.megatron.x=2\n"
+    code, report = audit_json(cli, tmp_path, text)
+    launch = launch_of(report)
+    assert (code, launch["verdict"]) == (0, "unverified")
+    assert any("[unknown-key]" in m for m in messages(launch, CANNOT_VERIFY))

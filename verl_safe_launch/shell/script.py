@@ -361,7 +361,23 @@ class _LaunchBuilder:
                 )
             )
             return (), ()
-        return (directory / f"{name}.yaml",), ()
+        path = directory / f"{name}.yaml"
+        return (path,), self._inherited(path, where)
+
+    def _inherited(self, path: Path, where: Field) -> tuple[OverrideToken, ...]:
+        """The verl config a user config inherits (its ``defaults``): megatron's becomes ``model_engine=megatron``."""
+        entries = _defaults_of(path)
+        bases = [e for e in entries or () if e != "_self_"]
+        if entries is None or any(b not in ("ppo_trainer", *DEPRECATED_CONFIG_NAMES) for b in bases):
+            detail = (
+                f"{path.name} has a defaults list this reader does not compose ({entries}); keys not checked"
+            )
+            self.notes.append(ScriptNote("config", where.line, where.raw, detail, None))
+            return ()
+        source = Source(Layer.SCRIPT, self.name, where.line, raw=where.raw)
+        return tuple(
+            OverrideToken(DEPRECATED_CONFIG_NAMES[b], source) for b in bases if b in DEPRECATED_CONFIG_NAMES
+        )
 
     def _verl_config(self, name: str, where: Field) -> tuple[OverrideToken, ...]:
         if name == "ppo_trainer":
@@ -376,6 +392,20 @@ class _LaunchBuilder:
             )
         )
         return ()
+
+
+def _defaults_of(path: Path) -> list[str] | None:
+    """The plain entries of a config file's ``defaults`` list; None when it has entries of another form."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
+    defaults = data.get("defaults", []) if isinstance(data, dict) else []
+    if not isinstance(defaults, list) or not all(isinstance(e, str) for e in defaults):
+        return None
+    return [e.removesuffix(".yaml") for e in defaults]
 
 
 def override_key(text: str) -> str | None:
