@@ -9,7 +9,7 @@ from pathlib import Path
 from verl_safe_launch.audit import qualify, script_findings, unread_count
 from verl_safe_launch.cli._common import add_format_arg, make_parser, parse, print_json
 from verl_safe_launch.compose import Overlay
-from verl_safe_launch.errors import EXIT_OK, EXIT_PREFLIGHT, EXIT_USAGE, VslError
+from verl_safe_launch.errors import EXIT_OK, EXIT_PREFLIGHT, EXIT_USAGE, InputError, UsageError, VslError
 from verl_safe_launch.findings import Finding, Severity, has_errors
 from verl_safe_launch.inputs import (
     DETECT_ENV,
@@ -22,12 +22,13 @@ from verl_safe_launch.inputs import (
 from verl_safe_launch.preflight import run_preflight
 from verl_safe_launch.provenance import Layer, Source
 from verl_safe_launch.render import counts, findings_json, render_report, summary_line, verdict
-from verl_safe_launch.shell import ScriptLaunch, read_script
+from verl_safe_launch.shell import ScriptLaunch, read_script, trace_script, traced_launches
 
 EXAMPLES = """\
   verl-safe-launch audit run_qwen2-7b_grpo.sh
   verl-safe-launch audit examples/*.sh --format json
   verl-safe-launch audit run_qwen2-7b_grpo.sh -- trainer.nnodes=2 actor_rollout_ref.rollout.n=8
+  verl-safe-launch audit --trace --env ENGINE=megatron run_qwen2-7b_grpo.sh
 
 Arguments after '--' are audited as the script's own arguments ("$@").
 A finding that a part of the script the reader could not read might change is reported as "cannot verify",
@@ -35,6 +36,14 @@ and the launch as UNVERIFIED (parts not read) instead of GO.
 exit status: 0 go or unverified (clean or warnings only), 1 no-go (errors in any launch; with --strict also
 unverified launches and warnings), 2 a script could not be read.
 """
+
+
+@dataclass(frozen=True)
+class TraceOptions:
+    """``--trace``: run the script under bash with this environment and time limit."""
+
+    env: dict[str, str]
+    timeout: float
 
 
 @dataclass(frozen=True)
@@ -64,9 +73,13 @@ class Auditor:
     """Audits scripts one after another, sharing verl's composed defaults between them."""
 
     def __init__(
-        self, passthrough: tuple[OverrideToken, ...] = (), hardware: HardwareProfile | None = None
+        self,
+        passthrough: tuple[OverrideToken, ...] = (),
+        hardware: HardwareProfile | None = None,
+        trace: TraceOptions | None = None,
     ) -> None:
         self.passthrough = passthrough
+        self.trace = trace
         self.hardware = hardware or detect_hardware(split_tool_tokens(passthrough)[1], env={DETECT_ENV: "0"})
         self.overlay = Overlay()
 
@@ -74,9 +87,24 @@ class Auditor:
         """Read and audit every launch in one script; an unreadable script is reported, not raised."""
         try:
             launches = read_script(path)
+            if self.trace is not None:
+                launches = self._traced(path, launches)
             return ScriptAudit(str(path), tuple(self.launch(launch) for launch in launches))
         except VslError as exc:
             return ScriptAudit(str(path), error=exc)
+
+    def _traced(self, path: Path, static: tuple[ScriptLaunch, ...]) -> tuple[ScriptLaunch, ...]:
+        """The launches bash really ran (``--trace``), cited with the lines of the statically read ones."""
+        assert self.trace is not None
+        trace = trace_script(path, self.trace.env, self.trace.timeout)
+        launches = traced_launches(str(path), trace.calls, static)
+        if not launches:
+            raise InputError(
+                f"{path} ran no 'python -m verl.trainer.main_ppo' under --trace (bash exited {trace.returncode})",
+                where=trace.stderr.strip().splitlines()[-1] if trace.stderr.strip() else None,
+                fix="pass the variables it needs with --env K=V, or audit it without --trace",
+            )
+        return launches
 
     def launch(self, launch: ScriptLaunch) -> LaunchAudit:
         """Compose one launch (the script's overrides, then the passthrough arguments) and pre-flight it."""
@@ -106,17 +134,45 @@ def main(args: Sequence[str], offset: int) -> int:
         action="store_true",
         help="exit 1 also when a launch is unverified (parts not read) or has warnings",
     )
+    parser.add_argument(
+        "--trace",
+        action="store_true",
+        help="EXECUTE the script under bash (in an empty temporary directory, with an empty environment plus "
+        "--env; python, python3, torchrun, uv, ray and srun are replaced by recorders) and audit the "
+        "command lines it really ran",
+    )
+    parser.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="K=V",
+        help="with --trace: an environment variable for the script (repeatable)",
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=30.0, help="with --trace: seconds before the script is stopped"
+    )
     add_format_arg(parser)
     own, extra, extra_at = _split_passthrough(args)
     ns = parse(parser, own)
     positions = [offset + extra_at + i + 1 for i in range(len(extra))]
-    auditor = Auditor(cli_tokens(extra, positions))
+    trace = TraceOptions(_env(ns.env), ns.timeout) if ns.trace else None
+    auditor = Auditor(cli_tokens(extra, positions), trace=trace)
     results = [auditor.script(Path(p)) for p in ns.scripts]
     if ns.format == "json":
         print_json(audit_json(results))
     else:
         print(render_audit_text(results), end="")
     return _exit_code(results, strict=ns.strict)
+
+
+def _env(items: list[str]) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        if not eq or not key.isidentifier():
+            raise UsageError(f"--env {item}: expected NAME=VALUE", "--env", "e.g. --env ENGINE=megatron")
+        env[key] = value
+    return env
 
 
 def _split_passthrough(args: Sequence[str]) -> tuple[list[str], list[str], int]:

@@ -237,6 +237,29 @@ class _Reader:
         self.launches.append(launch.build(fields[start:]))
 
 
+def traced_launches(
+    name: str, calls: tuple[tuple[str, ...], ...], static: tuple[ScriptLaunch, ...] = ()
+) -> tuple[ScriptLaunch, ...]:
+    """The launches in command lines bash really ran; lines are taken from the statically read launch."""
+    launches: list[ScriptLaunch] = []
+    for argv in calls:
+        lines = _lines_by_text(static[len(launches)] if len(launches) < len(static) else None)
+        fields = [Field(word, lines.get(word, 0), word) for word in argv]
+        start = _module_end(fields)
+        if start is None:
+            continue
+        line = static[len(launches)].line if len(launches) < len(static) else 0
+        builder = _LaunchBuilder(name, len(launches) + 1, line, [], False)
+        launches.append(builder.build(fields[start:]))
+    return tuple(launches)
+
+
+def _lines_by_text(launch: ScriptLaunch | None) -> dict[str, int]:
+    if launch is None:
+        return {}
+    return {t.text: t.source.line or launch.line for t in launch.tokens}
+
+
 def _module_end(fields: list[Field]) -> int | None:
     for i, f in enumerate(fields):
         text = f.text if f.problem is None else ""
@@ -463,4 +486,12 @@ def _raw(items: list[Word | ArrayAssign]) -> str:
     return " ".join(i.raw for i in items)
 
 
-__all__ = ["Passthrough", "ScriptLaunch", "ScriptNote", "override_key", "parse_script", "read_script"]
+__all__ = [
+    "Passthrough",
+    "ScriptLaunch",
+    "ScriptNote",
+    "override_key",
+    "parse_script",
+    "read_script",
+    "traced_launches",
+]
