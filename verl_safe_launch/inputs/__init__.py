@@ -16,6 +16,7 @@ from verl_safe_launch.inputs.hardware import (
 from verl_safe_launch.inputs.keytypes import (
     KeyFacts,
     TypeSpec,
+    dataclass_field_names,
     key_facts,
     names_read_with_get,
     verl_files,
@@ -47,6 +48,7 @@ __all__ = [
     "as_profile",
     "cli_tokens",
     "count_of",
+    "dataclass_field_names",
     "detect_hardware",
     "display_path",
     "hardware_fills",
