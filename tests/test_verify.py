@@ -213,3 +213,17 @@ def test_unreadable_named_config_makes_key_findings_cannot_verify(cli: Cli, tmp_
     launch = launch_of(report)
     assert (code, launch["verdict"]) == (0, "unverified")
     assert any("[unknown-key]" in m for m in messages(launch, CANNOT_VERIFY))
+
+
+def test_one_root_cause_one_finding(cli: Cli) -> None:
+    """strategy=megatron without model_engine=megatron: one error, and no megatron node judged under dp."""
+    result = cli(
+        "check",
+        "--format",
+        "json",
+        *BASE.split(),
+        f"{ARR}.rollout.name=vllm",
+        f"{ARR}.actor.strategy=megatron",
+    )
+    errors = [f["rule_id"] for f in json.loads(result.out)["findings"] if f["severity"] == "error"]
+    assert errors == ["engine-mismatch"]

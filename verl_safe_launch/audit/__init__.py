@@ -5,6 +5,7 @@ from __future__ import annotations
 from verl_safe_launch.audit.aliases import ALIASES, IGNORED, covered, yaml_deprecations
 from verl_safe_launch.audit.migrate import command_line, plan_migration, render_yaml
 from verl_safe_launch.audit.run import AUDIT_RULES, audit, script_findings
+from verl_safe_launch.audit.values import STRATEGY_KEYS
 from verl_safe_launch.audit.verify import CANNOT_VERIFY, depends_on, qualify, unread_count
 
 __all__ = [
@@ -12,6 +13,7 @@ __all__ = [
     "AUDIT_RULES",
     "CANNOT_VERIFY",
     "IGNORED",
+    "STRATEGY_KEYS",
     "audit",
     "command_line",
     "covered",
