@@ -153,6 +153,21 @@ READER_CASES = [
         id="case-append",
     ),
     pytest.param(f'{LAUNCH} "${{NEVER[@]}}" a.b=1\n', ["a.b=1"], id="unset-array-is-empty"),
+    pytest.param(
+        f"E=m\nA=(a.b=1)\ncase $E in\n  m) A+=(model_engine=megatron) ;;\n  *) A+=(c.d=1) ;;\nesac\n{LAUNCH} ${{A[@]}}\n",
+        ["a.b=1", "model_engine=megatron"],
+        id="case-known-subject",
+    ),
+    pytest.param(
+        f'E=${{E:-x}}\nA=(a.b=1)\ncase "$E" in\n  m)\n    A+=(e.f=2)\n    ;;\n  n|x) A+=(c.d=1);;\nesac\n{LAUNCH} "${{A[@]}}"\n',
+        ["a.b=1", "c.d=1"],
+        id="case-default-and-alternatives",
+    ),
+    pytest.param(
+        f"E=a\ncase $E in\n  b) case $E in a) {LAUNCH} no=1 ;; esac ;;\n  a) {LAUNCH} a.b=1 ;;\n  *) {LAUNCH} no=2 ;;\nesac\n",
+        ["a.b=1"],
+        id="case-launch-in-branch",
+    ),
     pytest.param(f'ARGS="a.b=1 c.d=2"\n{LAUNCH} $ARGS e.f=3\n', ["a.b=1", "c.d=2", "e.f=3"], id="word-split"),
     pytest.param(f'ARGS="a.b=1 c.d=2"\n{LAUNCH} "$ARGS"\n', ["a.b=1 c.d=2"], id="quoted-no-split"),
     pytest.param(

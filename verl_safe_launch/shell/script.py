@@ -8,6 +8,7 @@ from pathlib import Path
 from verl_safe_launch.errors import InputError
 from verl_safe_launch.inputs import ComposeRequest, OverrideToken, verl_config_dir, verl_package_dir
 from verl_safe_launch.provenance import Layer, Source
+from verl_safe_launch.shell.cases import Cases, Step
 from verl_safe_launch.shell.expand import OPAQUE, Env, Expander, Field, apply_assignments
 from verl_safe_launch.shell.words import ArrayAssign, Op, PartKind, ShellSyntaxError, Token, Word, lex
 
@@ -123,6 +124,7 @@ def parse_script(text: str, name: str, base_dir: Path | None = None) -> tuple[Sc
 class _Command:
     items: list[Word | ArrayAssign] = field(default_factory=list)
     function_header: bool = False
+    end: str = "\n"
 
 
 def _commands(tokens: list[Token]) -> list[_Command]:
@@ -136,6 +138,7 @@ def _commands(tokens: list[Token]) -> list[_Command]:
         skip_next = False
         if isinstance(token, Op):
             if token.text in _SEPARATORS:
+                commands[-1].end = token.text
                 commands.append(_Command())
             elif token.text in _REDIRECTS:
                 skip_next = True
@@ -143,7 +146,7 @@ def _commands(tokens: list[Token]) -> list[_Command]:
                 commands[-1].function_header = True
             continue
         commands[-1].items.append(token)
-    return [c for c in commands if c.items]
+    return [c for c in commands if c.items or c.end == ";;"]
 
 
 class _Reader:
@@ -154,10 +157,13 @@ class _Reader:
         self.depth = 0
         self.function_depth = 0
         self.launches: list[ScriptLaunch] = []
+        self.cases = Cases()
 
     def run(self, tokens: list[Token]) -> tuple[ScriptLaunch, ...]:
         for command in _commands(tokens):
-            self._command(command)
+            read = self.function_depth or self.cases.step(command.items, command.end, self.env) is Step.READ
+            if read and command.items:
+                self._command(command)
         return tuple(self.launches)
 
     def _command(self, command: _Command) -> None:
