@@ -227,3 +227,15 @@ def test_one_root_cause_one_finding(cli: Cli) -> None:
     )
     errors = [f["rule_id"] for f in json.loads(result.out)["findings"] if f["severity"] == "error"]
     assert errors == ["engine-mismatch"]
+
+
+def test_named_teachers_added_with_plus_are_not_judged_as_an_empty_pool(cli: Cli) -> None:
+    teachers = [
+        f"+distillation.teacher_models.{name}.{key}={value}"
+        for name in ("math", "code")
+        for key, value in (("model_path", "Qwen/Qwen3-4B"), ("key", name))
+    ]
+    args = [*BASE.split(), f"{ARR}.rollout.name=vllm", "distillation.enabled=True", "distillation.nnodes=1"]
+    result = cli("check", "--format", "json", *args, *teachers)
+    findings = json.loads(result.out)["findings"]
+    assert [f for f in findings if f["severity"] != "info" and "teacher" in f["message"]] == []
