@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from verl_safe_launch.inputs.architecture import load_architecture
+from verl_safe_launch.inputs.architecture import load_architecture, local_architectures
 from verl_safe_launch.inputs.hardware import (
     DETECT_ENV,
     GPU_KEYS,
@@ -55,6 +55,7 @@ __all__ = [
     "hardware_findings",
     "key_facts",
     "load_architecture",
+    "local_architectures",
     "names_read_with_get",
     "parse_override",
     "parse_yaml",

@@ -6,12 +6,13 @@ from collections.abc import Iterable
 
 from verl_safe_launch.context import RuleContext
 from verl_safe_launch.findings import Finding, Rule, run_table
-from verl_safe_launch.rules import batch, cluster, layout, modes, rollout, verl_static
+from verl_safe_launch.rules import batch, cluster, layout, model, modes, rollout, verl_static
 
 RULES: tuple[Rule[RuleContext], ...] = (
     *batch.RULES,
     *cluster.RULES,
     *layout.RULES,
+    *model.RULES,
     *modes.RULES,
     *rollout.RULES,
     *verl_static.RULES,
