@@ -154,6 +154,11 @@ READER_CASES = [
     ),
     pytest.param(f'{LAUNCH} "${{NEVER[@]}}" a.b=1\n', ["a.b=1"], id="unset-array-is-empty"),
     pytest.param(
+        f'X="a.b=1"\nif [ -n "$K" ]; then\n  X="$X c.d=2 e.f=3"\nfi\n{LAUNCH} $X g.h=4\n',
+        ["a.b=1", "g.h=4"],
+        id="conditional-scalar-suffix",
+    ),
+    pytest.param(
         f"E=m\nA=(a.b=1)\ncase $E in\n  m) A+=(model_engine=megatron) ;;\n  *) A+=(c.d=1) ;;\nesac\n{LAUNCH} ${{A[@]}}\n",
         ["a.b=1", "model_engine=megatron"],
         id="case-known-subject",
@@ -211,6 +216,14 @@ UNREAD_CASES = [
         id="maybe",
     ),
     pytest.param(f"{LAUNCH} --config-name=$(date) a.b=1\n", [("config", 1, None)], id="config-name"),
+    pytest.param(
+        f'X=""\nif true; then\n  X="${{X}} c.d=2"\nfi\n{LAUNCH} $X\n',
+        [("maybe", 5, ("c.d",))],
+        id="scalar-suffix",
+    ),
+    pytest.param(
+        f'X=a\nif true; then\n  X="$X b"\nfi\n{LAUNCH} "$X"\n', [("unresolved", 5, None)], id="quoted-suffix"
+    ),
 ]
 
 

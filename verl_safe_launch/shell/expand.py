@@ -35,10 +35,15 @@ class Field:
 
 @dataclass(frozen=True)
 class Scalar:
-    """A variable holding a string; ``problem`` when the text holds ``OPAQUE`` markers."""
+    """A variable holding a string; ``problem`` when the text holds ``OPAQUE`` markers.
+
+    ``tail`` is text appended on some paths only (``X="$X more"`` inside an if), and ``tail_why`` says where.
+    """
 
     text: str
     problem: str | None = None
+    tail: str = ""
+    tail_why: str | None = None
 
 
 @dataclass(frozen=True)
@@ -82,6 +87,9 @@ class Expander:
             return [Field(word.raw, word.line, word.raw, args=True)]
         if len(word.parts) == 1 and word.parts[0].kind is PartKind.ARRAY:
             return self._array(word, word.parts[0])
+        tailed = self._tailed(word)
+        if tailed is not None:
+            return tailed
         splitter = _Splitter()
         problem: str | None = None
         self.machine = None
@@ -114,6 +122,27 @@ class Expander:
         parts = (Part(PartKind.LIT, rest, False), *word.parts[1:])
         text, problem = self._join(parts, word)
         return name.rstrip("+"), name.endswith("+"), Scalar(text, problem)
+
+    def _tailed(self, word: Word) -> list[Field] | None:
+        """An unquoted ``$X`` whose tail is conditional: its words, then the tail's words marked as maybe."""
+        part = word.parts[0] if len(word.parts) == 1 else None
+        if part is None or part.kind is not PartKind.VAR or part.quoted or part.default is not None:
+            return None
+        value = self.env.get(part.text)
+        if not isinstance(value, Scalar) or not value.tail:
+            return None
+        head = Expander({part.text: replace(value, tail="", tail_why=None)}).word(word)
+        tail = [
+            Field(
+                text,
+                word.line,
+                word.raw,
+                problem=value.problem if OPAQUE in text else None,
+                maybe=value.tail_why,
+            )
+            for text in value.tail.split()
+        ]
+        return [*head, *tail]
 
     def _array(self, word: Word, part: Part) -> list[Field]:
         value = self.env.get(part.text)
@@ -155,6 +184,8 @@ class Expander:
             return first.text, first.problem or first.maybe
         if part.alt and part.default is not None:
             return self._alternative(part, value, word)
+        if isinstance(value, Scalar) and value.tail:
+            return OPAQUE, value.tail_why
         if isinstance(value, Scalar) and not (part.default is not None and value.text == ""):
             return value.text, value.problem
         if part.default is not None:
@@ -329,11 +360,21 @@ def apply_assignments(env: Env, items: list[Word | ArrayAssign], *, conditional:
             maybe = tuple(replace(f, maybe=why) for f in value.items)
             value = ArrayValue((old.items if old else ()) + maybe)
         elif conditional:
-            value = Unknown(why)
+            value = _conditional_suffix(old, value, why)
         elif append:
             value = _appended(old, value)
         env[name] = value
     return expander.notes
+
+
+def _conditional_suffix(old: Value | None, new: Value, why: str) -> Value:
+    """``X="$X more"`` inside an if: X keeps its text, and ``more`` is a tail present on some paths only."""
+    if not (isinstance(old, Scalar) and isinstance(new, Scalar)) or new.problem is not None or old.tail:
+        return Unknown(why)
+    suffix = new.text[len(old.text) :]
+    if new.text.startswith(old.text) and suffix[:1].isspace():
+        return Scalar(old.text, old.problem, suffix, why)
+    return Unknown(why)
 
 
 def _appended(old: Value | None, new: Value) -> Value:
