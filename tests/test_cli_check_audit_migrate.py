@@ -227,3 +227,13 @@ def test_console_script_end_to_end() -> None:
     done = subprocess.run([str(exe), "audit", str(FLIP)], capture_output=True, text=True, check=False)
     assert done.returncode == 1
     assert "line 14" in done.stdout and "line 24" in done.stdout
+
+
+def test_migrate_preflights_what_it_wrote(cli: Cli, tmp_path: Path) -> None:
+    clean, broken = DATA / "scripts" / "corpus" / "plain_0.sh", DATA / "scripts" / "corpus" / "plain_2.sh"
+    result = cli("migrate", str(clean), "-o", str(tmp_path / "a.yaml"))
+    assert "note: pre-flight of the migrated config: GO: 0 errors" in result.err
+    result = cli("migrate", str(broken), "-o", str(tmp_path / "b.yaml"))
+    assert result.code == 0
+    assert "note: pre-flight of the migrated config: NO-GO: 3 errors" in result.err
+    assert f"see them with: verl-safe-launch check -c {tmp_path / 'b.yaml'}" in result.err

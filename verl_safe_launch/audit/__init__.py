@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from verl_safe_launch.audit.aliases import ALIASES, IGNORED, covered, yaml_deprecations
-from verl_safe_launch.audit.migrate import command_line, plan_migration, render_yaml
+from verl_safe_launch.audit.migrate import Migration, command_line, plan_migration, render_yaml
 from verl_safe_launch.audit.run import AUDIT_RULES, audit, script_findings
 from verl_safe_launch.audit.values import STRATEGY_KEYS
 from verl_safe_launch.audit.verify import CANNOT_VERIFY, depends_on, qualify, unread_count
@@ -14,6 +14,7 @@ __all__ = [
     "CANNOT_VERIFY",
     "IGNORED",
     "STRATEGY_KEYS",
+    "Migration",
     "audit",
     "command_line",
     "covered",
