@@ -3,14 +3,8 @@
 from __future__ import annotations
 
 from verl_safe_launch.shell.expand import OPAQUE
-from verl_safe_launch.shell.script import (
-    ScriptLaunch,
-    ScriptNote,
-    override_key,
-    parse_script,
-    read_script,
-    traced_launches,
-)
+from verl_safe_launch.shell.launch import ScriptLaunch, ScriptNote, override_key, traced_launches
+from verl_safe_launch.shell.script import parse_script, read_script
 from verl_safe_launch.shell.trace import RECORDED, Trace, trace_script
 
 __all__ = [
