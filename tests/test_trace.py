@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -86,3 +87,14 @@ def test_trace_timeout_is_a_compact_error(cli: Callable[..., CliResult], tmp_pat
     result = cli("audit", "--trace", "--timeout", "1", str(script))
     assert result.code == 2
     assert "did not finish within 1 s under --trace" in result.out + result.err
+
+
+def test_audit_trace_passes_the_arguments_to_the_script(
+    cli: Callable[..., CliResult], tmp_path: Path
+) -> None:
+    script = tmp_path / "run.sh"
+    script.write_text('python3 -m verl.trainer.main_ppo algorithm.adv_estimator=grpo "$@"\n')
+    result = cli("audit", "--trace", "--format", "json", str(script), "--", "trainer.nnodes=0")
+    launch = json.loads(result.out)["scripts"][0]["launches"][0]
+    assert {"text": "trainer.nnodes=0", "line": 1} in launch["overrides"]
+    assert "script-passthrough" not in [f["rule_id"] for f in launch["findings"] if f["severity"] != "info"]

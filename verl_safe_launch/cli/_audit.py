@@ -96,7 +96,8 @@ class Auditor:
     def _traced(self, path: Path, static: tuple[ScriptLaunch, ...]) -> tuple[ScriptLaunch, ...]:
         """The launches bash really ran (``--trace``), cited with the lines of the statically read ones."""
         assert self.trace is not None
-        trace = trace_script(path, self.trace.env, self.trace.timeout)
+        args = tuple(token.text for token in self.passthrough)
+        trace = trace_script(path, self.trace.env, self.trace.timeout, args)
         launches = traced_launches(str(path), trace.calls, static)
         if not launches:
             raise InputError(
@@ -108,10 +109,10 @@ class Auditor:
 
     def launch(self, launch: ScriptLaunch) -> LaunchAudit:
         """Compose one launch (the script's overrides, then the passthrough arguments) and pre-flight it."""
-        passthrough = self.passthrough if launch.passthrough else ()
+        passthrough = self.passthrough if launch.passthrough and self.trace is None else ()
         composed = self.overlay.compose(launch.request(passthrough))
         findings = [*run_preflight(composed, self.hardware).findings, *script_findings(launch)]
-        if self.passthrough and launch.passthrough is None:
+        if self.passthrough and launch.passthrough is None and self.trace is None:
             findings.append(_unused_passthrough(launch))
         return LaunchAudit(launch, tuple(qualify(findings, launch)), unread_count(launch))
 

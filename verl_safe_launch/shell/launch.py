@@ -78,12 +78,13 @@ def traced_launches(
     """The launches in command lines bash really ran; lines are taken from the statically read launch."""
     launches: list[ScriptLaunch] = []
     for argv in calls:
-        lines = _lines_by_text(static[len(launches)] if len(launches) < len(static) else None)
-        fields = [Field(word, lines.get(word, 0), word) for word in argv]
+        known = static[len(launches)] if len(launches) < len(static) else None
+        line = known.line if known is not None else 0
+        lines = _lines_by_text(known)
+        fields = [Field(word, lines.get(word, line), word) for word in argv]
         start = module_end(fields)
         if start is None:
             continue
-        line = static[len(launches)].line if len(launches) < len(static) else 0
         builder = LaunchBuilder(name, len(launches) + 1, line, [], False)
         launches.append(builder.build(fields[start:]))
     return tuple(launches)

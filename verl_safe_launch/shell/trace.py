@@ -28,8 +28,10 @@ class Trace:
     stderr: str
 
 
-def trace_script(path: Path, env: dict[str, str] | None = None, timeout: float = 30.0) -> Trace:
-    """Run ``bash path`` in an empty temporary directory, with an empty environment plus ``env``.
+def trace_script(
+    path: Path, env: dict[str, str] | None = None, timeout: float = 30.0, args: tuple[str, ...] = ()
+) -> Trace:
+    """Run ``bash path args...`` in an empty temporary directory, with an empty environment plus ``env``.
 
     This executes the script: only the commands in ``RECORDED`` are replaced (by recorders on ``PATH``).
     """
@@ -51,7 +53,7 @@ def trace_script(path: Path, env: dict[str, str] | None = None, timeout: float =
         run_env = {**(env or {}), "PATH": f"{bindir}:/usr/bin:/bin", "VSL_TRACE_FILE": str(record)}
         try:
             done = subprocess.run(
-                ["/bin/bash", str(script)],
+                ["/bin/bash", str(script), *args],
                 cwd=work,
                 env=run_env,
                 stdin=subprocess.DEVNULL,
