@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -151,7 +152,9 @@ def test_migrate_round_trip(cli: Cli, tmp_path: Path, launch: ScriptLaunch) -> N
     files = [Path(command[i + 1]) for i, word in enumerate(command) if word == "-c"]
     rest = [w.strip("'") for i, w in enumerate(command[1:], 1) if w != "-c" and command[i - 1] != "-c"]
     migrated = compose(ComposeRequest(overrides=cli_tokens(rest), config_files=tuple(files)))
-    original = compose(launch.request())
+    machine = {(n.line, n.raw) for n in launch.notes if n.kind == "machine"}
+    kept = tuple(t for t in launch.tokens if (t.source.line, t.text) not in machine)
+    original = compose(replace(launch, tokens=kept).request())
     assert dict(migrated.view.values) == dict(original.view.values)
     text = out.read_text()
     assert text.startswith(f"# verl config migrated from {launch.path} (the launch on line {launch.line}).")
@@ -224,3 +227,13 @@ def test_console_script_end_to_end() -> None:
     done = subprocess.run([str(exe), "audit", str(FLIP)], capture_output=True, text=True, check=False)
     assert done.returncode == 1
     assert "line 14" in done.stdout and "line 24" in done.stdout
+
+
+def test_migrate_preflights_what_it_wrote(cli: Cli, tmp_path: Path) -> None:
+    clean, broken = DATA / "scripts" / "corpus" / "plain_0.sh", DATA / "scripts" / "corpus" / "plain_2.sh"
+    result = cli("migrate", str(clean), "-o", str(tmp_path / "a.yaml"))
+    assert "note: pre-flight of the migrated config: GO: 0 errors" in result.err
+    result = cli("migrate", str(broken), "-o", str(tmp_path / "b.yaml"))
+    assert result.code == 0
+    assert "note: pre-flight of the migrated config: NO-GO: 3 errors" in result.err
+    assert f"see them with: verl-safe-launch check -c {tmp_path / 'b.yaml'}" in result.err

@@ -49,6 +49,9 @@ POOL = [
     "trainer.logger=[console]",
     "data.train_bach_size=1",
     "+data.train_batch_size=1",
+    f"+{ARR}.rollout.log_prob_micro_batch_size_per_gpu=4",
+    f"+{ARR}.rollout.name=vllm",
+    "+trainer.logger=[console,wandb]",
     "+trainer.new_flag=1",
     "++trainer.other.flag=true",
     f"+{ARR}.actor.megatron.seed=7",
@@ -66,6 +69,36 @@ POOL = [
 def test_overlay_equals_compose_on_random_override_lists(overrides: list[str]) -> None:
     request = ComposeRequest(overrides=cli_tokens(overrides), lenient=True)
     assert_same(compose(request), OVERLAY.compose(request))
+
+
+PLUS = [
+    (f"+{ARR}.rollout.log_prob_micro_batch_size_per_gpu=4", True),  # null in verl's YAML
+    (f"+{ARR}.rollout.name=vllm", True),  # '???'
+    ("+trainer.logger=[console,wandb]", True),  # a list merges
+    ("+data.train_batch_size=1", False),
+    (f"++{ARR}.rollout.n=2", True),
+    ("+trainer.brand_new=1", True),
+]
+
+
+@pytest.mark.parametrize(("text", "accepted"), PLUS)
+def test_plus_follows_hydra_on_every_path(text: str, accepted: bool) -> None:
+    """Hydra itself, the full composition and the overlay make the same '+'/'++' decision."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import ConfigCompositionException
+
+    request = ComposeRequest(overrides=cli_tokens([text]), lenient=True)
+    full, fast = compose(request), OVERLAY.compose(request)
+    assert_same(full, fast)
+    assert (not full.rejected) is accepted
+    cfg = compose(ComposeRequest(overrides=())).cfg
+    try:
+        ConfigLoaderImpl._apply_overrides_to_config(OverridesParser.create().parse_overrides([text]), cfg)
+        hydra_accepts = True
+    except ConfigCompositionException:
+        hydra_accepts = False
+    assert hydra_accepts is accepted
 
 
 def test_strict_rejection_falls_back_to_the_exact_error() -> None:

@@ -332,12 +332,12 @@ CASES = [
     ),
     Case(
         "verl-strategy",
-        ["actor_rollout_ref.actor.strategy=megatron"],
+        ["actor_rollout_ref.actor.fsdp_config.strategy=megatron"],
         (
-            "actor_rollout_ref.actor.strategy=megatron does not fit model_engine=dp (expects fsdp, "
+            "actor_rollout_ref.actor.fsdp_config.strategy=megatron does not fit model_engine=dp (expects fsdp, "
             "fsdp2, fsdp_turbo); verl's validate_config stops here"
         ),
-        "actor_rollout_ref.actor.strategy=fsdp (or fsdp2, fsdp_turbo); or model_engine=megatron",
+        "actor_rollout_ref.actor.fsdp_config.strategy=fsdp (or fsdp2, fsdp_turbo); or model_engine=megatron",
     ),
     Case(
         "verl-megatron-engine",

@@ -28,13 +28,17 @@ from verl_safe_launch.audit.upgrade import (
     plan_upgrade,
     token_key,
 )
+from verl_safe_launch.audit.values import STRATEGY_KEYS
+from verl_safe_launch.audit.verify import CANNOT_VERIFY, depends_on, qualify, unread_count
 
 __all__ = [
     "ALIASES",
     "AUDIT_RULES",
+    "CANNOT_VERIFY",
     "HAND_MOVES",
     "IGNORED",
     "RELEASES",
+    "STRATEGY_KEYS",
     "AuditContext",
     "Change",
     "Migration",
@@ -45,6 +49,7 @@ __all__ = [
     "covered",
     "current_key",
     "default_changes",
+    "depends_on",
     "detect_release",
     "generate_moves",
     "generated_moves",
@@ -56,9 +61,11 @@ __all__ = [
     "override_value",
     "plan_migration",
     "plan_upgrade",
+    "qualify",
     "render_yaml",
     "script_findings",
     "token_key",
+    "unread_count",
     "version",
     "yaml_deprecations",
 ]

@@ -13,7 +13,7 @@ from verl_safe_launch.config_view import nest
 from verl_safe_launch.errors import InputError
 from verl_safe_launch.inputs import parse_yaml
 from verl_safe_launch.provenance import Layer, Source, Write
-from verl_safe_launch.shell import ScriptLaunch
+from verl_safe_launch.shell import ScriptLaunch, override_key
 
 
 @dataclass(frozen=True)
@@ -45,8 +45,11 @@ def plan_migration(launch: ScriptLaunch, composed: Composed, output: Path) -> Mi
     cli = [t.text for t in launch.tokens if _stays_on_cli(t.text)]
     deleted = {t.text.lstrip("~").partition("=")[0] for t in launch.tokens if t.text.startswith("~")}
     entries: dict[str, Entry] = {}
+    machine = {(n.line, override_key(n.raw)) for n in launch.notes if n.kind == "machine"}
     for write in composed.writes:
         if write.source.layer is not Layer.SCRIPT or write.delete:
+            continue
+        if any((write.source.line, k) in machine for k in _key_and_parents(write.key)):
             continue
         if any(write.key == d or write.key.startswith(d + ".") for d in deleted):
             cli.append(f"{write.key}={hydra_literal(write.value)}")
@@ -58,6 +61,11 @@ def plan_migration(launch: ScriptLaunch, composed: Composed, output: Path) -> Mi
     cli += [f"{e.key}={hydra_literal(e.value)}" for e in moved]
     notes = _notes(launch, composed)
     return Migration(launch.path, launch.line, output, tuple(kept), launch.config_files, tuple(cli), notes)
+
+
+def _key_and_parents(key: str) -> list[str]:
+    parts = key.split(".")
+    return [".".join(parts[:i]) for i in range(len(parts), 0, -1)]
 
 
 def _stays_on_cli(text: str) -> bool:
@@ -96,9 +104,14 @@ def _notes(launch: ScriptLaunch, composed: Composed) -> tuple[str, ...]:
         for r in composed.rejected
     ]
     for note in launch.notes:
-        if note.kind in ("unresolved", "config"):
+        if note.kind in ("unresolved", "config", "machine"):
             notes.append(
                 f"not migrated: {note.raw} (line {note.line}) depends on {note.detail}; add it yourself"
+            )
+        elif note.kind == "maybe":
+            notes.append(
+                f"not migrated: {note.raw} (line {note.line}) is passed only on some paths "
+                f"({note.detail}); add it yourself"
             )
         elif note.kind == "env-default":
             notes.append(f"line {note.line}: {note.detail}")

@@ -13,7 +13,7 @@ from verl_safe_launch.audit.upgrade import current_key, moves_after
 from verl_safe_launch.compose import Rejected, config_groups
 from verl_safe_launch.config_view import format_value
 from verl_safe_launch.findings import Finding, Rule, Severity
-from verl_safe_launch.inputs import OverrideToken, names_read_with_get
+from verl_safe_launch.inputs import OverrideToken, dataclass_field_names, names_read_with_get
 from verl_safe_launch.provenance import LAYER_TITLES, Layer, Source, Write
 
 _USER_LAYERS = (Layer.FILE, Layer.SCRIPT, Layer.CLI)
@@ -206,7 +206,11 @@ def new_keys(ctx: AuditContext) -> list[Finding]:
         key = write.key
         if ctx.facts.known(key) or ctx.facts.free_form_parent(key) or covered(key):
             continue
-        leaf = key.rpartition(".")[2]
+        parent, _, leaf = key.rpartition(".")
+        backing = ctx.facts.backing_class(parent)
+        if backing is not None:
+            findings.append(_not_a_field(key, leaf, backing, write))
+            continue
         if leaf in names_read_with_get():
             message = (
                 f"{key} is not in verl 0.9.1's config; verl's code reads a key named '{leaf}' with .get(), "
@@ -230,6 +234,24 @@ def new_keys(ctx: AuditContext) -> list[Finding]:
     return findings
 
 
+BUILT_BY_VALIDATE = ("actor_rollout_ref.actor", "critic")
+"""Sections verl's ``validate_config`` turns into dataclasses (every node below them too)."""
+
+
+def _not_a_field(key: str, leaf: str, target: str, write: Write) -> Finding:
+    owner = target.rpartition(".")[2]
+    early = any(key.startswith(section + ".") for section in BUILT_BY_VALIDATE)
+    when = "verl's validate_config fails" if early else "verl fails if a worker builds this config"
+    message = (
+        f"{key}: {owner} has no field '{leaf}', so {when}: "
+        f"{owner}.__init__() got an unexpected keyword argument '{leaf}'"
+    )
+    severity = Severity.ERROR if early else Severity.WARNING
+    close = did_you_mean(key, [key.rpartition(".")[0] + "." + name for name in dataclass_field_names(target)])
+    fix = f"did you mean {close}? {close}={format_value(write.value)}" if close else f"remove {key}"
+    return finding("new-key", severity, (key,), message, fix, [write])
+
+
 @audit_rule(
     "dataclass-field", "'+key' adding a config-dataclass field that verl's YAML does not list (allowed)"
 )
@@ -241,7 +263,7 @@ def dataclass_fields(ctx: AuditContext) -> list[Finding]:
             continue
         default = f", default {info.default}" if info.default is not None else ""
         message = (
-            f"{write.key} is a field of {info.owner} ({info.annotation}{default}) that verl's YAML does not "
+            f"{write.key} is a field of {info.owner} ({info.text}{default}) that verl's YAML does not "
             "list; adding it with '+' is allowed and verl passes it to the dataclass"
         )
         findings.append(

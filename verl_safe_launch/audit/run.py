@@ -23,7 +23,9 @@ def audit(composed: Composed, rules: Iterable[Rule[AuditContext]] | None = None)
 
 def script_findings(launch: ScriptLaunch) -> list[Finding]:
     """Findings about the script itself: passthrough, values it cannot resolve, defaults from the environment."""
-    findings = [_note_finding(launch, note) for note in launch.notes if note.kind != "env-default"]
+    findings = [
+        _note_finding(launch, note) for note in launch.notes if note.kind not in ("env-default", "machine")
+    ]
     defaults = [n for n in launch.notes if n.kind == "env-default"]
     if defaults:
         findings.append(_env_defaults(launch, defaults))
@@ -34,6 +36,11 @@ def script_findings(launch: ScriptLaunch) -> list[Finding]:
 
 _NOTE_RULES: dict[str, tuple[str, Severity, str]] = {
     "unresolved": ("script-unresolved", Severity.INFO, "not audited: {raw} depends on {detail}"),
+    "maybe": (
+        "script-unresolved",
+        Severity.INFO,
+        "not audited: {raw} is passed only on some paths: {detail}",
+    ),
     "hydra-option": ("script-hydra-option", Severity.INFO, "not audited: {raw} is a {detail}"),
     "config": ("script-config", Severity.INFO, "not audited: {raw}: {detail}"),
     "conditional": ("script-conditional", Severity.INFO, "line {line}: {detail}; it is audited as written"),
@@ -62,8 +69,8 @@ def _note_fix(launch: ScriptLaunch, note: ScriptNote) -> str:
     if note.kind == "deprecated-config":
         return f"replace --config-path/--config-name with the override {note.detail}"
     if note.kind == "crlf":
-        return f"convert it to Unix line endings: sed -i 's/\\r$//' {shlex.quote(launch.path)}"
-    if note.kind == "unresolved":
+        return f"convert it to Unix line endings: sed -i 's/\r$//' {shlex.quote(launch.path)}"
+    if note.kind in ("unresolved", "maybe"):
         return f"to audit the value, pass it after '--': verl-safe-launch audit {shlex.quote(launch.path)} -- KEY=VALUE"
     return "nothing to do"
 

@@ -6,10 +6,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from verl_safe_launch.audit import script_findings
+from verl_safe_launch.audit import qualify, script_findings, unread_count
 from verl_safe_launch.cli._common import add_format_arg, make_parser, parse, print_json
 from verl_safe_launch.compose import Overlay
-from verl_safe_launch.errors import EXIT_OK, EXIT_PREFLIGHT, EXIT_USAGE, VslError
+from verl_safe_launch.errors import EXIT_OK, EXIT_PREFLIGHT, EXIT_USAGE, InputError, UsageError, VslError
 from verl_safe_launch.findings import Finding, Severity, has_errors
 from verl_safe_launch.inputs import (
     DETECT_ENV,
@@ -24,16 +24,36 @@ from verl_safe_launch.launch import bringup_findings
 from verl_safe_launch.preflight import run_preflight
 from verl_safe_launch.provenance import Layer, Source
 from verl_safe_launch.render import counts, findings_json, json_document, render_report, summary_line, verdict
-from verl_safe_launch.shell import JobScript, ScriptLaunch, read_job_script, read_script, seeded_env
+from verl_safe_launch.shell import (
+    JobScript,
+    ScriptLaunch,
+    read_job_script,
+    read_script,
+    seeded_env,
+    trace_script,
+    traced_launches,
+)
 
 EXAMPLES = """\
   verl-safe-launch audit run_qwen2-7b_grpo.sh
   verl-safe-launch audit examples/*.sh --format json
   verl-safe-launch audit run_qwen2-7b_grpo.sh -- trainer.nnodes=2 actor_rollout_ref.rollout.n=8
+  verl-safe-launch audit --trace --env ENGINE=megatron run_qwen2-7b_grpo.sh
 
 Arguments after '--' are audited as the script's own arguments ("$@").
-exit status: 0 go (clean or warnings only), 1 no-go (errors in any launch), 2 a script could not be read.
+A finding that a part of the script the reader could not read might change is reported as "cannot verify",
+and the launch as UNVERIFIED (parts not read) instead of GO.
+exit status: 0 go or unverified (clean or warnings only), 1 no-go (errors in any launch; with --strict also
+unverified launches and warnings), 2 a script could not be read.
 """
+
+
+@dataclass(frozen=True)
+class TraceOptions:
+    """``--trace``: run the script under bash with this environment and time limit."""
+
+    env: dict[str, str]
+    timeout: float
 
 
 @dataclass(frozen=True)
@@ -42,6 +62,12 @@ class LaunchAudit:
 
     launch: ScriptLaunch
     findings: tuple[Finding, ...]
+    unread: int = 0
+
+    @property
+    def verdict(self) -> str:
+        """``go``, ``no-go`` or ``unverified`` (parts of the launch were not read)."""
+        return verdict(self.findings, self.unread)
 
 
 @dataclass(frozen=True)
@@ -57,9 +83,13 @@ class Auditor:
     """Audits scripts one after another, sharing verl's composed defaults between them."""
 
     def __init__(
-        self, passthrough: tuple[OverrideToken, ...] = (), hardware: HardwareProfile | None = None
+        self,
+        passthrough: tuple[OverrideToken, ...] = (),
+        hardware: HardwareProfile | None = None,
+        trace: TraceOptions | None = None,
     ) -> None:
         self.passthrough = passthrough
+        self.trace = trace
         self.hardware = hardware or detect_hardware(split_tool_tokens(passthrough)[1], env={DETECT_ENV: "0"})
         self.overlay = Overlay()
 
@@ -72,27 +102,44 @@ class Auditor:
         try:
             launches = read_script(path)
             job = read_job_script(path)
+            if job.is_job:
+                launches = read_script(path, env=seeded_env(job.allocation.slurm_env()))
+            if self.trace is not None:
+                launches = self._traced(path, launches)
             if not job.is_job:
                 return ScriptAudit(str(path), tuple(self.launch(launch) for launch in launches))
-            launches = read_script(path, env=seeded_env(job.allocation.slurm_env()))
             hardware = merge_profiles(self.hardware, job.allocation.profile())
             return ScriptAudit(str(path), tuple(self.launch(launch, hardware, job) for launch in launches))
         except VslError as exc:
             return ScriptAudit(str(path), error=exc)
 
+    def _traced(self, path: Path, static: tuple[ScriptLaunch, ...]) -> tuple[ScriptLaunch, ...]:
+        """The launches bash really ran (``--trace``), cited with the lines of the statically read ones."""
+        assert self.trace is not None
+        args = tuple(token.text for token in self.passthrough)
+        trace = trace_script(path, self.trace.env, self.trace.timeout, args)
+        launches = traced_launches(str(path), trace.calls, static)
+        if not launches:
+            raise InputError(
+                f"{path} ran no 'python -m verl.trainer.main_ppo' under --trace (bash exited {trace.returncode})",
+                where=trace.stderr.strip().splitlines()[-1] if trace.stderr.strip() else None,
+                fix="pass the variables it needs with --env K=V, or audit it without --trace",
+            )
+        return launches
+
     def launch(
         self, launch: ScriptLaunch, hardware: HardwareProfile | None = None, job: JobScript | None = None
     ) -> LaunchAudit:
         """Compose one launch (the script's overrides, then the passthrough arguments) and pre-flight it."""
-        passthrough = self.passthrough if launch.passthrough else ()
+        passthrough = self.passthrough if launch.passthrough and self.trace is None else ()
         composed = self.overlay.compose(launch.request(passthrough))
         pre = run_preflight(composed, hardware or self.hardware)
         findings = [*pre.findings, *script_findings(launch)]
         if job is not None:
             findings += bringup_findings(job, composed.view)
-        if self.passthrough and launch.passthrough is None:
+        if self.passthrough and launch.passthrough is None and self.trace is None:
             findings.append(_unused_passthrough(launch))
-        return LaunchAudit(launch, tuple(findings))
+        return LaunchAudit(launch, tuple(qualify(findings, launch)), unread_count(launch))
 
 
 def _unused_passthrough(launch: ScriptLaunch) -> Finding:
@@ -108,17 +155,50 @@ def main(args: Sequence[str], offset: int) -> int:
         "audit", "Audit raw bash launch scripts (python -m verl.trainer.main_ppo ...).", EXAMPLES
     )
     parser.add_argument("scripts", nargs="+", metavar="SCRIPT", help="bash launch scripts")
+    parser.add_argument(
+        "--strict",
+        action="store_true",
+        help="exit 1 also when a launch is unverified (parts not read) or has warnings",
+    )
+    parser.add_argument(
+        "--trace",
+        action="store_true",
+        help="EXECUTE the script under bash (in an empty temporary directory, with an empty environment plus "
+        "--env; python, python3, torchrun, uv, ray and srun are replaced by recorders) and audit the "
+        "command lines it really ran",
+    )
+    parser.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="K=V",
+        help="with --trace: an environment variable for the script (repeatable)",
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=30.0, help="with --trace: seconds before the script is stopped"
+    )
     add_format_arg(parser)
     own, extra, extra_at = _split_passthrough(args)
     ns = parse(parser, own)
     positions = [offset + extra_at + i + 1 for i in range(len(extra))]
-    auditor = Auditor(cli_tokens(extra, positions))
+    trace = TraceOptions(_env(ns.env), ns.timeout) if ns.trace else None
+    auditor = Auditor(cli_tokens(extra, positions), trace=trace)
     results = [auditor.script(Path(p)) for p in ns.scripts]
     if ns.format == "json":
         print_json(audit_json(results))
     else:
         print(render_audit_text(results), end="")
-    return _exit_code(results)
+    return _exit_code(results, strict=ns.strict)
+
+
+def _env(items: list[str]) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        if not eq or not key.isidentifier():
+            raise UsageError(f"--env {item}: expected NAME=VALUE", "--env", "e.g. --env ENGINE=megatron")
+        env[key] = value
+    return env
 
 
 def _split_passthrough(args: Sequence[str]) -> tuple[list[str], list[str], int]:
@@ -129,11 +209,18 @@ def _split_passthrough(args: Sequence[str]) -> tuple[list[str], list[str], int]:
     return list(args[:cut]), list(args[cut + 1 :]), cut + 1
 
 
-def _exit_code(results: list[ScriptAudit]) -> int:
+def _exit_code(results: list[ScriptAudit], *, strict: bool = False) -> int:
     if any(r.error is not None for r in results):
         return EXIT_USAGE
-    findings = [f for r in results for launch in r.launches for f in launch.findings]
-    return EXIT_PREFLIGHT if has_errors(findings) else EXIT_OK
+    launches = [launch for r in results for launch in r.launches]
+    findings = [f for launch in launches for f in launch.findings]
+    if has_errors(findings):
+        return EXIT_PREFLIGHT
+    if strict and (
+        any(launch.unread for launch in launches) or any(f.severity is Severity.WARNING for f in findings)
+    ):
+        return EXIT_PREFLIGHT
+    return EXIT_OK
 
 
 def render_audit_text(results: list[ScriptAudit]) -> str:
@@ -146,17 +233,20 @@ def render_audit_text(results: list[ScriptAudit]) -> str:
         for item in result.launches:
             launch = item.launch
             header = f"== {launch.label}: launch {launch.index} of {len(result.launches)}, {len(launch.tokens)} overrides"
-            blocks.append(f"{header}\n{render_report(item.findings)}")
+            blocks.append(f"{header}\n{render_report(item.findings, item.unread)}")
             everything.extend(item.findings)
     if sum(len(r.launches) for r in results) > 1:
-        blocks.append(f"== all launches: {summary_line(everything)}\n")
+        unread = sum(item.unread for r in results for item in r.launches)
+        blocks.append(f"== all launches: {summary_line(everything, unread)}\n")
     return "\n".join(blocks)
 
 
 def audit_json(results: list[ScriptAudit]) -> dict[str, object]:
     """The stable JSON report of an audit: the verdict over every launch, then each script (see README)."""
     everything = [f for r in results for launch in r.launches for f in launch.findings]
-    return json_document({"scripts": [_script_json(r) for r in results]}, everything, list_findings=False)
+    unread = sum(item.unread for r in results for item in r.launches)
+    fields = {"scripts": [_script_json(r) for r in results]}
+    return json_document(fields, everything, list_findings=False, unread=unread)
 
 
 def _script_json(result: ScriptAudit) -> dict[str, object]:
@@ -167,7 +257,8 @@ def _script_json(result: ScriptAudit) -> dict[str, object]:
             {
                 "line": item.launch.line,
                 "index": item.launch.index,
-                "verdict": verdict(item.findings),
+                "verdict": item.verdict,
+                "unread": item.unread,
                 "summary": counts(item.findings),
                 "overrides": [{"text": t.text, "line": t.source.line} for t in item.launch.tokens],
                 "findings": findings_json(item.findings),

@@ -14,8 +14,18 @@ from verl_safe_launch.compose import compose
 from verl_safe_launch.config_view import ConfigView
 from verl_safe_launch.errors import EXIT_OK, InputError, UsageError
 from verl_safe_launch.files import check_target, write_atomic
-from verl_safe_launch.inputs import GPU_KEYS
+from verl_safe_launch.findings import has_errors
+from verl_safe_launch.inputs import (
+    DETECT_ENV,
+    GPU_KEYS,
+    ComposeRequest,
+    cli_tokens,
+    detect_hardware,
+    split_tool_tokens,
+)
 from verl_safe_launch.launch import plan_job
+from verl_safe_launch.preflight import run_preflight
+from verl_safe_launch.render import summary_line
 from verl_safe_launch.shell import JobScript, ScriptLaunch, read_job_script, read_script, seeded_env
 
 EXAMPLES = """\
@@ -60,6 +70,7 @@ def main(args: Sequence[str], offset: int) -> int:
     print(command_line(migration))
     for note in migration.notes:
         print(f"note: {note}", file=sys.stderr)
+    print(f"note: {preflight_note(migration, output)}", file=sys.stderr)
     return EXIT_OK
 
 
@@ -101,6 +112,19 @@ def _as_job(migration: Migration, job: JobScript, view: ConfigView, output: Path
         notes=(*migration.notes, *notes, *plan.notes),
         command=command,
     )
+
+
+def preflight_note(migration: Migration, output: Path) -> str:
+    """The pre-flight of what was written (the YAML plus the printed command), as one line."""
+    verl_tokens, tool = split_tool_tokens(cli_tokens(list(migration.cli_tokens)))
+    request = ComposeRequest(
+        overrides=(*verl_tokens,), config_files=(*migration.config_files, output), lenient=True
+    )
+    pre = run_preflight(compose(request), detect_hardware(tool, env={DETECT_ENV: "0"}))
+    line = f"pre-flight of the migrated config: {summary_line(pre.findings)}"
+    if has_errors(pre.findings):
+        line += f"; see them with: {command_line(migration).replace('verl-safe-launch', 'verl-safe-launch check', 1)}"
+    return line
 
 
 def choose_launch(launches: tuple[ScriptLaunch, ...], wanted: int | None, script: str) -> ScriptLaunch:

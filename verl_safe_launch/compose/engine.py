@@ -377,8 +377,17 @@ def _has_interpolation(value: Any) -> bool:
 
 
 def _lookup(tree: Any, key: str) -> Any:
-    for part in key.split("."):
-        tree = tree[part]
+    """The value at a dotted key; a dict key that itself holds dots (``{model.visual.blocks: {}}``) is one step."""
+    parts = key.split(".")
+    start = 0
+    while start < len(parts):
+        for end in range(start + 1, len(parts) + 1):
+            name = ".".join(parts[start:end])
+            if isinstance(tree, dict) and name in tree:
+                tree, start = tree[name], end
+                break
+        else:
+            raise KeyError(key)
     return tree
 
 

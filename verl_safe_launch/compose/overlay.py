@@ -25,7 +25,7 @@ from typing import Any
 
 from verl_safe_launch.compose.engine import Composed, Rejected, compose
 from verl_safe_launch.compose.interpolation import Resolver, Unsupported, absolute_key
-from verl_safe_launch.config_view import ConfigView, flatten, nest
+from verl_safe_launch.config_view import MISSING, ConfigView, flatten, nest
 from verl_safe_launch.errors import VslError
 from verl_safe_launch.inputs import (
     ComposeRequest,
@@ -110,6 +110,11 @@ def _split_groups(tokens: Iterable[OverrideToken]) -> tuple[list[OverrideToken],
         else:
             plain.append(token)
     return groups, plain
+
+
+def plus_accepted(existing: Any, value: Any) -> bool:
+    """Hydra 1.3's rule for ``+key=value``: the key holds nothing (absent, null, ``???``) or the value merges."""
+    return existing is None or existing == MISSING or isinstance(value, dict | list)
 
 
 @functools.cache
@@ -211,7 +216,9 @@ class _State:
         ):
             raise _Fallback
         exists = key in self.raw
-        if (prefix == "" and not exists) or (prefix == "+" and exists):
+        if prefix == "+" and isinstance(self.raw.get(key), str) and "${" in self.raw[key]:
+            raise _Fallback
+        if (prefix == "" and not exists) or (prefix == "+" and not plus_accepted(self.raw.get(key), value)):
             self._reject(token, key, exists)
             return
         if not exists:

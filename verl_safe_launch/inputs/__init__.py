@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from verl_safe_launch.inputs.architecture import load_architecture
+from verl_safe_launch.inputs.architecture import load_architecture, local_architectures
 from verl_safe_launch.inputs.hardware import (
     DETECT_ENV,
     GPU_KEYS,
@@ -18,6 +18,7 @@ from verl_safe_launch.inputs.hardware import (
 from verl_safe_launch.inputs.keytypes import (
     KeyFacts,
     TypeSpec,
+    dataclass_field_names,
     key_facts,
     names_read_with_get,
     verl_files,
@@ -50,12 +51,14 @@ __all__ = [
     "as_profile",
     "cli_tokens",
     "count_of",
+    "dataclass_field_names",
     "detect_hardware",
     "display_path",
     "hardware_fills",
     "hardware_findings",
     "key_facts",
     "load_architecture",
+    "local_architectures",
     "merge_profiles",
     "names_read_with_get",
     "parse_override",

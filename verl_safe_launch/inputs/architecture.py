@@ -168,6 +168,18 @@ def load_architecture(model_path: str | None) -> Architecture | None:
     return _from_table(str(model_path))
 
 
+def local_architectures(model_path: str | None) -> list[object] | None:
+    """The ``architectures`` entry of a local model directory's config.json (``[]`` when it has none), else None."""
+    if not model_path:
+        return None
+    path = Path(os.path.expanduser(str(model_path))) / "config.json"
+    data = _read_json(path) if path.is_file() else None
+    if data is None:
+        return None
+    found = data.get("architectures")
+    return list(found) if isinstance(found, list) else []
+
+
 def _from_table(model_path: str) -> Architecture | None:
     table = bundled_table()
     key = model_path if model_path in table else _table_key(model_path, table)

@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
-import ast
 import bisect
 import functools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
+from verl_safe_launch.inputs.schema import SchemaField, load_schema
 from verl_safe_launch.inputs.verl_paths import verl_package_dir
 from verl_safe_launch.provenance import Layer, Write
 
 TARGET = "_target_"
-_SCALAR_KINDS = {"int": "int", "float": "float", "bool": "bool", "str": "str"}
-_SEQUENCE = re.compile(r"^(list|List|tuple|Tuple|Sequence)\b")
-_OPTIONAL = re.compile(r"^Optional\[(.*)\]$")
+_KINDS = frozenset({"int", "float", "bool", "str", "list"})
 
 
 @dataclass(frozen=True)
@@ -28,14 +25,8 @@ class TypeSpec:
     origin: str
 
 
-@dataclass(frozen=True)
-class FieldInfo:
-    """One dataclass field: its class, annotation, and the default written in the class (source text)."""
-
-    owner: str
-    name: str
-    annotation: str
-    default: str | None
+FieldInfo = SchemaField
+"""One dataclass field (kept under its older name)."""
 
 
 @dataclass(frozen=True)
@@ -46,20 +37,28 @@ class KeyFacts:
     types: dict[str, TypeSpec]
     dc_only: dict[str, FieldInfo]
     mandatory: tuple[str, ...] = ()
+    open_nodes: frozenset[str] = frozenset()
+    backed: dict[str, str] | None = None
 
     def known(self, key: str) -> bool:
         """True when verl's YAML or a config dataclass declares ``key``."""
         return key in self.defaults or key in self.dc_only
 
     def free_form_parent(self, key: str) -> str | None:
-        """The nearest parent whose default is an empty mapping or null (free-form, any key may go below)."""
+        """The nearest parent that is free-form (an empty mapping, null, or a dict-typed dataclass field)."""
         parts = key.split(".")
         for cut in range(len(parts) - 1, 0, -1):
             parent = ".".join(parts[:cut])
+            if parent in self.open_nodes:
+                return parent
             if parent in self.defaults:
                 value = self.defaults[parent]
                 return parent if value is None or value == {} else None
         return None
+
+    def backing_class(self, node: str) -> str | None:
+        """The config dataclass (its ``_target_``) that verl builds from ``node``, if any."""
+        return (self.backed or {}).get(node)
 
 
 def verl_defaults(writes: Sequence[Write]) -> dict[str, object]:
@@ -104,26 +103,49 @@ def key_facts(writes: Sequence[Write]) -> KeyFacts:
 
 
 def _facts(defaults: dict[str, object]) -> KeyFacts:
-    types: dict[str, TypeSpec] = {}
-    dc_only: dict[str, FieldInfo] = {}
-    prefixes = {k[:i] for k in defaults for i, ch in enumerate(k) if ch == "."}
+    facts = _Collect(defaults)
     for key, target in defaults.items():
-        if not key.endswith(TARGET) or not isinstance(target, str):
-            continue
-        section = key[: -len(TARGET) - 1] if key != TARGET else ""
-        for info in dataclass_fields(target).values():
-            full = f"{section}.{info.name}" if section else info.name
-            spec = annotation_type(info.annotation, f"{info.owner}.{info.name}: {info.annotation}")
-            if full in defaults:
-                if spec and _consistent(spec, defaults[full]):
-                    types[full] = spec
-            elif full not in prefixes:
-                dc_only[full] = info
+        if key.endswith(TARGET) and isinstance(target, str):
+            facts.section(key[: -len(TARGET) - 1] if key != TARGET else "", target, 0)
+    types = facts.types
     for key, value in defaults.items():
-        if key not in types and (spec := _value_type(value)):
+        if key not in types and key not in facts.unchecked and (spec := _value_type(value)):
             types[key] = spec
     mandatory = tuple(k for k, v in defaults.items() if v == "???")
-    return KeyFacts(defaults, types, dc_only, mandatory)
+    return KeyFacts(defaults, types, facts.dc_only, mandatory, frozenset(facts.open_nodes), facts.backed)
+
+
+class _Collect:
+    """Walks verl's defaults and the schema together: each dataclass-backed node, and the dataclasses inside it."""
+
+    def __init__(self, defaults: dict[str, object]) -> None:
+        self.defaults = defaults
+        self.prefixes = {k[:i] for k in defaults for i, ch in enumerate(k) if ch == "."}
+        self.types: dict[str, TypeSpec] = {}
+        self.dc_only: dict[str, FieldInfo] = {}
+        self.open_nodes: set[str] = set()
+        self.unchecked: set[str] = set()
+        self.backed: dict[str, str] = {}
+
+    def section(self, section: str, target: str, depth: int) -> None:
+        fields = dataclass_fields(target)
+        if not fields or section in self.backed or depth > 6:
+            return
+        self.backed[section] = target
+        for info in fields.values():
+            full = f"{section}.{info.name}" if section else info.name
+            if info.open:
+                self.open_nodes.add(full)
+            spec = field_type(info)
+            if spec is None:
+                self.unchecked.add(full)
+            if info.nested is not None and full in self.prefixes:
+                self.section(full, info.nested, depth + 1)
+            elif full in self.defaults:
+                if spec and _consistent(spec, self.defaults[full]):
+                    self.types[full] = spec
+            elif full not in self.prefixes:
+                self.dc_only[full] = info
 
 
 def _consistent(spec: TypeSpec, default: object) -> bool:
@@ -147,76 +169,21 @@ def _value_type(value: object) -> TypeSpec | None:
     return None
 
 
-def annotation_type(annotation: str, origin: str) -> TypeSpec | None:
-    """Map a dataclass annotation (``Optional[int]``, ``int | None``, ``list[str]``) to a TypeSpec."""
-    text = annotation.replace(" ", "")
-    optional = False
-    if match := _OPTIONAL.match(text):
-        text, optional = match.group(1), True
-    parts = [p for p in text.split("|") if p != "None"]
-    optional = optional or len(parts) < len(text.split("|"))
-    if len(parts) != 1:
+def field_type(field: SchemaField) -> TypeSpec | None:
+    """The TypeSpec of a dataclass field with one kind (unions such as ``str | float`` are not checked)."""
+    if len(field.kinds) != 1 or field.kinds[0] not in _KINDS:
         return None
-    text = parts[0]
-    if text in _SCALAR_KINDS:
-        return TypeSpec(_SCALAR_KINDS[text], optional, origin)
-    if _SEQUENCE.match(text):
-        return TypeSpec("list", optional, origin)
-    return None
+    return TypeSpec(field.kinds[0], field.optional, f"{field.owner}.{field.name}: {field.text}")
 
 
-def dataclass_fields(target: str) -> dict[str, FieldInfo]:
-    """Fields of a verl config dataclass named by its ``_target_``, inherited ones included (read, not imported)."""
-    module, _, name = target.rpartition(".")
-    return dict(_fields_of(module, name, 0))
+def dataclass_field_names(target: str) -> tuple[str, ...]:
+    """The field names of a verl config dataclass (its ``_target_``)."""
+    return tuple(load_schema().get(target, {}))
 
 
-def _fields_of(module: str, name: str, depth: int) -> list[tuple[str, FieldInfo]]:
-    found = _find_class(module, name)
-    if found is None or depth > 8:
-        return []
-    node, home = found
-    out: list[tuple[str, FieldInfo]] = []
-    for base in node.bases:
-        base_name = ast.unparse(base).rsplit(".", 1)[-1]
-        out.extend(_fields_of(home, base_name, depth + 1))
-    for stmt in node.body:
-        if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
-            field_name = stmt.target.id
-            annotation = ast.unparse(stmt.annotation)
-            if field_name.startswith("_") or "ClassVar" in annotation:
-                continue
-            default = ast.unparse(stmt.value) if stmt.value is not None else None
-            out.append((field_name, FieldInfo(name, field_name, annotation, default)))
-    return out
-
-
-def _find_class(module: str, name: str) -> tuple[ast.ClassDef, str] | None:
-    for candidate in (module, "verl.workers.config", "verl.trainer.config", "verl.utils.profiler", "verl"):
-        for path in _module_files(candidate):
-            classes = _classes(path)
-            if name in classes:
-                return classes[name], candidate
-    return None
-
-
-@functools.cache
-def _module_files(module: str) -> tuple[Path, ...]:
-    root = verl_package_dir().parent
-    path = root.joinpath(*module.split("."))
-    if path.is_dir():
-        return tuple(sorted(path.glob("*.py")))
-    file = path.with_suffix(".py")
-    return (file,) if file.is_file() else ()
-
-
-@functools.cache
-def _classes(path: Path) -> dict[str, ast.ClassDef]:
-    try:
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-    except (OSError, SyntaxError, UnicodeDecodeError):
-        return {}
-    return {node.name: node for node in tree.body if isinstance(node, ast.ClassDef)}
+def dataclass_fields(target: str) -> dict[str, SchemaField]:
+    """Fields of a verl config dataclass named by its ``_target_``, inherited ones included (from the schema)."""
+    return dict(load_schema().get(target, {}))
 
 
 @functools.cache

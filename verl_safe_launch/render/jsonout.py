@@ -14,16 +14,25 @@ JSON_SCHEMA_VERSION = 1
 
 
 def json_document(
-    fields: Mapping[str, Any], findings: Sequence[Finding] | None = None, *, list_findings: bool = True
+    fields: Mapping[str, Any],
+    findings: Sequence[Finding] | None = None,
+    *,
+    list_findings: bool = True,
+    unread: int = 0,
 ) -> dict[str, Any]:
     """``{"schema": 1, ...fields}``; with ``findings`` also ``verdict`` and ``summary`` first, ``findings`` last.
 
     The outcome comes before the details, the long list of findings after everything else (left out with
-    ``list_findings=False`` when ``fields`` list them in parts, as ``audit`` does per launch).
+    ``list_findings=False`` when ``fields`` list them in parts, as ``audit`` does per launch). ``unread`` parts
+    of a script make a verdict without errors ``unverified``.
     """
     if findings is None:
         return {"schema": JSON_SCHEMA_VERSION, **fields}
-    outcome = {"schema": JSON_SCHEMA_VERSION, "verdict": verdict(findings), "summary": counts(findings)}
+    outcome = {
+        "schema": JSON_SCHEMA_VERSION,
+        "verdict": verdict(findings, unread),
+        "summary": counts(findings),
+    }
     listed = {"findings": findings_json(findings)} if list_findings else {}
     return outcome | dict(fields) | listed
 

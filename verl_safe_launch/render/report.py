@@ -24,23 +24,25 @@ def render_finding(finding: Finding) -> str:
     return "\n".join(lines)
 
 
-def summary_line(findings: Sequence[Finding]) -> str:
-    """``2 errors, 1 warning, 0 info`` and the verdict."""
+def summary_line(findings: Sequence[Finding], unread: int = 0) -> str:
+    """``2 errors, 1 warning, 0 info`` and the verdict (``UNVERIFIED`` when ``unread`` parts were not read)."""
     counts = {sev: sum(1 for f in findings if f.severity is sev) for sev in Severity}
     verdict = "NO-GO" if counts[Severity.ERROR] else "GO"
+    if verdict == "GO" and unread:
+        verdict = f"UNVERIFIED: {unread} part{'s' if unread != 1 else ''} not read"
     parts = [
         f"{counts[Severity.ERROR]} error{'s' if counts[Severity.ERROR] != 1 else ''}",
         f"{counts[Severity.WARNING]} warning{'s' if counts[Severity.WARNING] != 1 else ''}",
         f"{counts[Severity.INFO]} info",
     ]
-    return f"{verdict}: " + ", ".join(parts)
+    return f"{verdict}{'; ' if unread and verdict != 'NO-GO' else ': '}" + ", ".join(parts)
 
 
-def render_findings_text(findings: Sequence[Finding]) -> str:
+def render_findings_text(findings: Sequence[Finding], unread: int = 0) -> str:
     """All findings, errors first, then the summary line."""
     ordered = sort_findings(list(findings))
     blocks = [render_finding(f) for f in ordered]
-    return "\n\n".join([*blocks, summary_line(ordered)]) + "\n"
+    return "\n\n".join([*blocks, summary_line(ordered, unread)]) + "\n"
 
 
 def findings_json(findings: Sequence[Finding]) -> list[dict[str, object]]:
@@ -54,16 +56,20 @@ def counts(findings: Sequence[Finding]) -> dict[str, int]:
     return {"errors": by[Severity.ERROR], "warnings": by[Severity.WARNING], "info": by[Severity.INFO]}
 
 
-def verdict(findings: Sequence[Finding]) -> str:
-    """``go`` when nothing blocks the launch, else ``no-go``."""
-    return "no-go" if any(f.severity is Severity.ERROR for f in findings) else "go"
+def verdict(findings: Sequence[Finding], unread: int = 0) -> str:
+    """``go`` when nothing blocks the launch, ``no-go`` when something does, ``unverified`` when parts were not read."""
+    if any(f.severity is Severity.ERROR for f in findings):
+        return "no-go"
+    return "unverified" if unread else "go"
 
 
 _GROUP_TITLES = {Severity.ERROR: "errors", Severity.WARNING: "warnings", Severity.INFO: "info"}
 _GROUP_STYLES = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
 
 
-def render_findings_table(findings: Sequence[Finding], *, width: int = 110, color: bool = False) -> str:
+def render_findings_table(
+    findings: Sequence[Finding], *, width: int = 110, color: bool = False, unread: int = 0
+) -> str:
     """Findings as rich tables, one per severity (errors first), then the summary line.
 
     Deterministic for a given width when ``color`` is false (no ANSI codes), so it can be compared in tests.
@@ -92,7 +98,7 @@ def render_findings_table(findings: Sequence[Finding], *, width: int = 110, colo
         for finding in group:
             table.add_row(finding.rule_id, _cell(finding))
         console.print(table)
-    console.print(summary_line(findings), markup=False)
+    console.print(summary_line(findings, unread), markup=False)
     return out.getvalue()
 
 
@@ -108,10 +114,12 @@ def _cell(finding: Finding) -> Text:
     return text
 
 
-def render_report(findings: Sequence[Finding]) -> str:
+def render_report(findings: Sequence[Finding], unread: int = 0) -> str:
     """The text report: rich tables grouped by severity on a terminal, plain deterministic text otherwise."""
     import shutil
 
     if use_rich():
-        return render_findings_table(findings, width=shutil.get_terminal_size().columns, color=True)
-    return render_findings_text(findings)
+        return render_findings_table(
+            findings, width=shutil.get_terminal_size().columns, color=True, unread=unread
+        )
+    return render_findings_text(findings, unread)

@@ -6,13 +6,14 @@ from collections.abc import Iterable
 
 from verl_safe_launch.context import RuleContext
 from verl_safe_launch.findings import Finding, Rule, run_table
-from verl_safe_launch.rules import batch, cluster, data, layout, modes, rollout, verl_static
+from verl_safe_launch.rules import batch, cluster, data, layout, model, modes, rollout, verl_static
 
 RULES: tuple[Rule[RuleContext], ...] = (
     *batch.RULES,
     *cluster.RULES,
     *data.RULES,
     *layout.RULES,
+    *model.RULES,
     *modes.RULES,
     *rollout.RULES,
     *verl_static.RULES,

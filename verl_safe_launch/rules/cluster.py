@@ -88,7 +88,10 @@ def teacher_pool(ctx: RuleContext) -> list[Draft]:
             msg = f"the teacher's {per} GPUs per replica (tp × dp × pp) do not divide the {pool}-GPU teacher pool; {STARTS}"
             return [Draft(keys, msg, (set_fix(keys[0], per),))]
         return []
-    used = sum((r or 0) * (w or 0) for name, (r, w) in teachers.items() if name != "teacher_model")
+    named = {name: layout for name, layout in teachers.items() if name != "teacher_model"}
+    if any(r is None or w is None for r, w in named.values()):
+        return []  # a teacher added with '+' takes its sizes from verl's dataclass defaults, not read here
+    used = sum((r or 0) * (w or 0) for r, w in named.values())
     if pool is None or used == pool:
         return []
     msg = (

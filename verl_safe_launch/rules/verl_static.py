@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from verl_safe_launch.audit import STRATEGY_KEYS
 from verl_safe_launch.config_view import ARR, ConfigView, format_value
 from verl_safe_launch.context import RuleContext
 from verl_safe_launch.findings import Rule
@@ -312,6 +313,11 @@ def strategy(ctx: RuleContext) -> list[Draft]:
         keys += ["critic.strategy"] + (["critic.fsdp.strategy"] if engine == "dp" else [])
     wrong = [key for key in keys if view.get(key) not in expected]
     shown = [key for key in wrong if getattr(view.prov(key), "follows", None) not in wrong]
+    # Another engine's strategy is one root cause, reported once by the audit's engine-mismatch.
+    other = {"dp": ("megatron",), "megatron": FSDP_STRATEGIES}[str(engine)]
+    shown = [
+        key for key in shown if not (key in STRATEGY_KEYS and view.explicit(key) and view.get(key) in other)
+    ]
     return [_strategy_draft(view, key, str(engine), expected) for key in shown]
 
 
@@ -337,7 +343,8 @@ def megatron_engine(ctx: RuleContext) -> list[Draft]:
     used = {"actor": True, "ref": p.use_ref, "critic": p.use_critic}
     drafts: list[Draft] = []
     for role, prefix in roles:
-        if used[role] and getattr(p, role).engine == "megatron":
+        exists = bool(ctx.view.subtree(f"{prefix}.megatron"))
+        if used[role] and getattr(p, role).engine == "megatron" and exists:
             drafts += _megatron_drafts(ctx.view, f"{prefix}.megatron", p.max_seq_len)
     return drafts
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from verl_safe_launch.shell.expand import OPAQUE
+from verl_safe_launch.shell.launch import ScriptLaunch, ScriptNote, override_key, traced_launches
 from verl_safe_launch.shell.sbatch import (
     GPU_OPTIONS,
     SLURM_VERB_OPTIONS,
@@ -14,10 +16,13 @@ from verl_safe_launch.shell.sbatch import (
     read_job_script,
     seeded_env,
 )
-from verl_safe_launch.shell.script import ScriptLaunch, ScriptNote, parse_script, read_script
+from verl_safe_launch.shell.script import parse_script, read_script
+from verl_safe_launch.shell.trace import RECORDED, Trace, trace_script
 
 __all__ = [
     "GPU_OPTIONS",
+    "OPAQUE",
+    "RECORDED",
     "SLURM_VERB_OPTIONS",
     "Allocation",
     "Command",
@@ -25,10 +30,14 @@ __all__ = [
     "JobScript",
     "ScriptLaunch",
     "ScriptNote",
+    "Trace",
+    "override_key",
     "parse_gres",
     "parse_job_script",
     "parse_script",
     "read_job_script",
     "read_script",
     "seeded_env",
+    "trace_script",
+    "traced_launches",
 ]

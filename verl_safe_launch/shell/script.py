@@ -7,69 +7,19 @@ from pathlib import Path
 
 from verl_safe_launch.errors import InputError
 from verl_safe_launch.files import read_text_input
-from verl_safe_launch.inputs import ComposeRequest, OverrideToken, verl_config_dir, verl_package_dir
-from verl_safe_launch.provenance import Layer, Source
-from verl_safe_launch.shell.expand import Env, Expander, Field, apply_assignments
+from verl_safe_launch.shell.cases import Cases, Step
+from verl_safe_launch.shell.expand import Env, Expander, apply_assignments
+from verl_safe_launch.shell.launch import MODULE, LaunchBuilder, ScriptLaunch, ScriptNote, module_end
 from verl_safe_launch.shell.words import ArrayAssign, Op, PartKind, ShellSyntaxError, Token, Word, lex
 
-MODULE = "verl.trainer.main_ppo"
 MAX_SCRIPT_BYTES = 256 * 1024
 """The longest launch script read (verl's own examples are under 10 KiB)."""
 _SEPARATORS = frozenset({"\n", ";", "&", "&&", "||", "|", "|&", ";;", "(", ")"})
-_REDIRECTS = frozenset({">", ">>", "<", "&>", ">&", "<&"})
+_REDIRECTS = frozenset({">", ">>", "<", "<<<", "&>", ">&", "<&"})
 _OPENERS = frozenset({"if", "while", "until", "for", "case", "select"})
 _CLOSERS = frozenset({"fi", "done", "esac"})
 _PREFIX_WORDS = frozenset({"then", "else", "elif", "do", "!", "{", "}", "time", "exec", "nohup", "command"})
 _DECLARE = frozenset({"export", "declare", "typeset", "local", "readonly"})
-_HYDRA_VALUE_FLAGS = frozenset(
-    {"--cfg", "-c", "--package", "-p", "--experimental-rerun", "--config-dir", "-cd"}
-)
-_CONFIG_PATH_FLAGS = frozenset({"--config-path", "-cp"})
-_CONFIG_NAME_FLAGS = frozenset({"--config-name", "-cn"})
-DEPRECATED_CONFIG_NAMES = {"ppo_megatron_trainer": "model_engine=megatron"}
-
-
-@dataclass(frozen=True)
-class ScriptNote:
-    """Something in a launch the reader did not turn into an override: kind, line, raw text and why."""
-
-    kind: str
-    line: int
-    raw: str
-    detail: str
-
-
-@dataclass(frozen=True)
-class Passthrough:
-    """Where a launch passes the script's own arguments (``"$@"``) to verl."""
-
-    position: int
-    line: int
-    raw: str
-
-
-@dataclass(frozen=True)
-class ScriptLaunch:
-    """One ``python -m verl.trainer.main_ppo`` launch in a script: its overrides, in order, with their lines."""
-
-    path: str
-    line: int
-    index: int
-    tokens: tuple[OverrideToken, ...]
-    config_files: tuple[Path, ...] = ()
-    passthrough: Passthrough | None = None
-    notes: tuple[ScriptNote, ...] = ()
-
-    @property
-    def label(self) -> str:
-        """``run.sh:12`` (the line where the launch command starts)."""
-        return f"{self.path}:{self.line}"
-
-    def request(self, passthrough: tuple[OverrideToken, ...] = (), *, lenient: bool = True) -> ComposeRequest:
-        """The compose request: the script's overrides with ``passthrough`` inserted where ``"$@"`` stands."""
-        at = self.passthrough.position if self.passthrough else len(self.tokens)
-        tokens = (*self.tokens[:at], *passthrough, *self.tokens[at:])
-        return ComposeRequest(overrides=tokens, config_files=self.config_files, lenient=lenient)
 
 
 def read_script(path: Path | str, env: Env | None = None) -> tuple[ScriptLaunch, ...]:
@@ -119,6 +69,7 @@ def parse_script(
 class _Command:
     items: list[Word | ArrayAssign] = field(default_factory=list)
     function_header: bool = False
+    end: str = "\n"
 
 
 def _commands(tokens: list[Token]) -> list[_Command]:
@@ -132,6 +83,7 @@ def _commands(tokens: list[Token]) -> list[_Command]:
         skip_next = False
         if isinstance(token, Op):
             if token.text in _SEPARATORS:
+                commands[-1].end = token.text
                 commands.append(_Command())
             elif token.text in _REDIRECTS:
                 skip_next = True
@@ -139,7 +91,7 @@ def _commands(tokens: list[Token]) -> list[_Command]:
                 commands[-1].function_header = True
             continue
         commands[-1].items.append(token)
-    return [c for c in commands if c.items]
+    return [c for c in commands if c.items or c.end == ";;"]
 
 
 class _Reader:
@@ -150,10 +102,13 @@ class _Reader:
         self.depth = 0
         self.function_depth = 0
         self.launches: list[ScriptLaunch] = []
+        self.cases = Cases()
 
     def run(self, tokens: list[Token]) -> tuple[ScriptLaunch, ...]:
         for command in _commands(tokens):
-            self._command(command)
+            read = self.function_depth or self.cases.step(command.items, command.end, self.env) is Step.READ
+            if read and command.items:
+                self._command(command)
         return tuple(self.launches)
 
     def _command(self, command: _Command) -> None:
@@ -225,155 +180,12 @@ class _Reader:
             return
         expander = Expander(self.env)
         fields = [f for w in words for f in expander.word(w)]
-        start = _module_end(fields)
+        start = module_end(fields)
         if start is None:
             return
         notes = [*self.notes, *(ScriptNote("env-default", n.line, n.raw, n.detail) for n in expander.notes)]
-        launch = _LaunchBuilder(self.name, len(self.launches) + 1, words[0].line, notes, self.depth > 0)
+        launch = LaunchBuilder(self.name, len(self.launches) + 1, words[0].line, notes, self.depth > 0)
         self.launches.append(launch.build(fields[start:]))
-
-
-def _module_end(fields: list[Field]) -> int | None:
-    for i, f in enumerate(fields):
-        text = f.text if f.problem is None else ""
-        if text == "-m" and i + 1 < len(fields) and fields[i + 1].text == MODULE:
-            return i + 2
-        if text == f"-m{MODULE}" or text.endswith("verl/trainer/main_ppo.py"):
-            return i + 1
-    return None
-
-
-class _LaunchBuilder:
-    def __init__(self, name: str, index: int, line: int, notes: list[ScriptNote], conditional: bool) -> None:
-        self.name = name
-        self.index = index
-        self.line = line
-        self.notes = list(_dedupe(notes))
-        if conditional:
-            self.notes.append(
-                ScriptNote("conditional", line, MODULE, "this launch runs inside an if/for block")
-            )
-        self.tokens: list[OverrideToken] = []
-        self.passthrough: Passthrough | None = None
-        self.config_path: Field | None = None
-        self.config_name: Field | None = None
-
-    def build(self, fields: list[Field]) -> ScriptLaunch:
-        pending: str | None = None
-        for f in fields:
-            if pending is not None:
-                self._flag_value(pending, f)
-                pending = None
-            else:
-                pending = self._field(f)
-        files, group = self._config()
-        tokens = (*group, *self.tokens)
-        shift = len(group)
-        passthrough = self.passthrough
-        if passthrough and shift:
-            passthrough = Passthrough(passthrough.position + shift, passthrough.line, passthrough.raw)
-        return ScriptLaunch(self.name, self.line, self.index, tokens, files, passthrough, tuple(self.notes))
-
-    def _field(self, f: Field) -> str | None:
-        if f.args:
-            if self.passthrough is None:
-                self.passthrough = Passthrough(len(self.tokens), f.line, f.raw)
-            return None
-        if f.problem is not None:
-            flag = f.raw.strip("'\"").partition("=")[0]
-            if flag in _CONFIG_PATH_FLAGS | _CONFIG_NAME_FLAGS:
-                self._flag_value(flag, f)
-            else:
-                self.notes.append(ScriptNote("unresolved", f.line, f.raw, f.problem))
-            return None
-        flag, eq, value = f.text.partition("=")
-        if flag in _CONFIG_PATH_FLAGS | _CONFIG_NAME_FLAGS | _HYDRA_VALUE_FLAGS:
-            if eq:
-                self._flag_value(flag, Field(value, f.line, f.raw))
-                return None
-            return flag
-        if f.text.startswith("-"):
-            self.notes.append(
-                ScriptNote("hydra-option", f.line, f.raw, "Hydra command-line option, not a config value")
-            )
-            return None
-        key = f.text.lstrip("+~").partition("=")[0]
-        if key == "hydra" or key.startswith("hydra."):
-            self.notes.append(
-                ScriptNote("hydra-option", f.line, f.raw, "Hydra runtime setting, not part of verl's config")
-            )
-            return None
-        self.tokens.append(OverrideToken(f.text, Source(Layer.SCRIPT, self.name, f.line, raw=f.raw)))
-        return None
-
-    def _flag_value(self, flag: str, value: Field) -> None:
-        if flag in _CONFIG_PATH_FLAGS:
-            self.config_path = value
-        elif flag in _CONFIG_NAME_FLAGS:
-            self.config_name = value
-        else:
-            raw = value.raw if value.raw.startswith(flag) else f"{flag} {value.raw}"
-            self.notes.append(
-                ScriptNote("hydra-option", value.line, raw, "Hydra command-line option, not a config value")
-            )
-
-    def _config(self) -> tuple[tuple[Path, ...], tuple[OverrideToken, ...]]:
-        """``--config-path``/``--config-name``: verl's own config, its deprecated alias, or a user YAML layer."""
-        name_field, path_field = self.config_name, self.config_path
-        if name_field is None and path_field is None:
-            return (), ()
-        for f in (path_field, name_field):
-            if f is not None and f.problem is not None:
-                self.notes.append(
-                    ScriptNote("config", f.line, f.raw, f"{f.problem}; the config file is not audited")
-                )
-                return (), ()
-        name = (name_field.text if name_field else "ppo_trainer").removesuffix(".yaml")
-        directory = _config_dir(path_field.text if path_field else "config")
-        where = name_field or path_field
-        assert where is not None
-        if directory is not None and directory == verl_config_dir().resolve():
-            return (), self._verl_config(name, where)
-        if directory is None or not (directory / f"{name}.yaml").is_file():
-            shown = f"{path_field.text if path_field else 'config'}/{name}.yaml"
-            self.notes.append(
-                ScriptNote("config", where.line, where.raw, f"config file {shown} not found; not audited")
-            )
-            return (), ()
-        return (directory / f"{name}.yaml",), ()
-
-    def _verl_config(self, name: str, where: Field) -> tuple[OverrideToken, ...]:
-        if name == "ppo_trainer":
-            return ()
-        if name in DEPRECATED_CONFIG_NAMES:
-            text = DEPRECATED_CONFIG_NAMES[name]
-            self.notes.append(ScriptNote("deprecated-config", where.line, where.raw, text))
-            return (OverrideToken(text, Source(Layer.SCRIPT, self.name, where.line, raw=where.raw)),)
-        self.notes.append(
-            ScriptNote("config", where.line, where.raw, f"verl config '{name}' is not the PPO trainer's")
-        )
-        return ()
-
-
-def _config_dir(text: str) -> Path | None:
-    """Hydra's rule: an absolute path as is, a relative one inside the package of ``main_ppo``."""
-    path = Path(text).expanduser()
-    candidate = path if path.is_absolute() else verl_package_dir() / "trainer" / path
-    try:
-        return candidate.resolve() if candidate.is_dir() else None
-    except OSError:
-        return None
-
-
-def _dedupe(notes: list[ScriptNote]) -> list[ScriptNote]:
-    seen: set[tuple[str, int, str]] = set()
-    out: list[ScriptNote] = []
-    for note in notes:
-        key = (note.kind, note.line, note.raw)
-        if key not in seen:
-            seen.add(key)
-            out.append(note)
-    return out
 
 
 def _literal(item: Word | ArrayAssign) -> str | None:
@@ -402,4 +214,4 @@ def _raw(items: list[Word | ArrayAssign]) -> str:
     return " ".join(i.raw for i in items)
 
 
-__all__ = ["Passthrough", "ScriptLaunch", "ScriptNote", "parse_script", "read_script"]
+__all__ = ["parse_script", "read_script"]

@@ -14,19 +14,21 @@ class PartKind(StrEnum):
     VAR = "var"  # $NAME, ${NAME}, ${NAME:-default}, $1
     ARGS = "args"  # $@, $*, ${@}
     ARRAY = "array"  # ${NAME[@]}
-    SUBST = "subst"  # $(...), `...`, $((...)), and expansions this lexer does not evaluate
+    ARITH = "arith"  # $((...)): the expression inside
+    SUBST = "subst"  # $(...), `...`, and expansions this lexer does not evaluate
 
 
 @dataclass(frozen=True)
 class Part:
     """One piece of a word; ``default`` holds the parts of ``${NAME:-default}`` (``${NAME-default}``: also
-    ``unset_only``, the default replaces an unset NAME but not an empty one)."""
+    ``unset_only``, the default replaces an unset NAME but not an empty one; ``${NAME:+alt}`` when ``alt``)."""
 
     kind: PartKind
     text: str
     quoted: bool
     default: tuple[Part, ...] | None = None
     unset_only: bool = False
+    alt: bool = False
 
 
 @dataclass(frozen=True)
@@ -72,8 +74,8 @@ class ShellSyntaxError(Exception):
 _PLAIN = re.compile(r"[^\s'\"\\$`;&|()<>]+")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _ASSIGN_PREFIX = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(\+?)=$")
-_BRACE = re.compile(r"([A-Za-z_][A-Za-z0-9_]*|[0-9]+|[@*])(?:\[([@*])\])?(?:(:?[-=])(.*))?$", re.DOTALL)
-_OPERATORS = ("&&", "||", ";;", "|&", ">>", "<<-", "<<", "&>", ">&", "<&", ";", "&", "|", ">", "<")
+_BRACE = re.compile(r"([A-Za-z_][A-Za-z0-9_]*|[0-9]+|[@*])(?:\[([@*])\])?(?:(:?[-=+])(.*))?$", re.DOTALL)
+_OPERATORS = ("&&", "||", ";;", "|&", ">>", "<<<", "<<-", "<<", "&>", ">&", "<&", ";", "&", "|", ">", "<")
 _DQ_ESCAPABLE = '$`"\\'
 _SPECIAL_PARAMS = "#?$!-0123456789"
 
@@ -220,6 +222,11 @@ class _Lexer:
     def _dollar(self, quoted: bool) -> Part:
         text, i = self.text, self.i
         nxt = text[i + 1 : i + 2]
+        if text.startswith("((", i + 1):
+            end = _matching(text, i + 1, "(", ")")
+            if end >= 0 and text[end - 1 : end] == ")":
+                part = self._subst(i, end + 1, quoted)
+                return Part(PartKind.ARITH, part.text[3:-2], quoted)
         if nxt == "(":
             end = _matching(text, i + 1, "(", ")")
             if end < 0:
@@ -272,8 +279,11 @@ class _Lexer:
             return Part(kind, name if not op else raw, quoted)
         if op is None:
             return Part(PartKind.VAR, name, quoted)
+        alt = op.endswith("+")
         default_parts = _default_parts(default, quoted)
-        return Part(PartKind.VAR, name, quoted, default=default_parts, unset_only=not op.startswith(":"))
+        return Part(
+            PartKind.VAR, name, quoted, default=default_parts, unset_only=not op.startswith(":"), alt=alt
+        )
 
     def _operator(self, ch: str) -> None:
         text, i = self.text, self.i
@@ -410,7 +420,7 @@ def _default_parts(text: str, quoted: bool) -> tuple[Part, ...]:
             if parts:
                 parts.append(Part(PartKind.LIT, " ", quoted))
             parts.extend(
-                Part(p.kind, p.text, p.quoted or quoted, p.default, p.unset_only) for p in token.parts
+                Part(p.kind, p.text, p.quoted or quoted, p.default, p.unset_only, p.alt) for p in token.parts
             )
         else:
             parts.append(Part(PartKind.SUBST, text, quoted))

@@ -1,0 +1,32 @@
+#!/bin/bash
+set -x
+NUM_GPUS=8
+NNODES=1
+PER_GPU_PROMPTS=4
+WORLD=$((NUM_GPUS * NNODES))
+TRAIN_BS=$((WORLD * PER_GPU_PROMPTS))
+MINI_BS=$((TRAIN_BS / 2))
+
+python3 -m verl.trainer.main_ppo \
+    algorithm.adv_estimator=grpo \
+    data.train_files=$HOME/data/gsm8k/train.parquet \
+    data.val_files=$HOME/data/gsm8k/test.parquet \
+    data.max_prompt_length=512 \
+    data.max_response_length=1024 \
+    actor_rollout_ref.model.path=Qwen/Qwen2.5-0.5B-Instruct \
+    actor_rollout_ref.actor.optim.lr=1e-6 \
+    actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4 \
+    actor_rollout_ref.actor.use_kl_loss=True \
+    actor_rollout_ref.actor.kl_loss_coef=0.001 \
+    actor_rollout_ref.rollout.name=vllm \
+    actor_rollout_ref.rollout.gpu_memory_utilization=0.6 \
+    actor_rollout_ref.rollout.n=4 \
+    actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4 \
+    actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4 \
+    trainer.logger='["console"]' \
+    trainer.total_epochs=15 \
+    data.train_batch_size=$TRAIN_BS \
+    actor_rollout_ref.actor.ppo_mini_batch_size=$MINI_BS \
+    trainer.n_gpus_per_node=$NUM_GPUS \
+    trainer.nnodes=$NNODES \
+    actor_rollout_ref.rollout.tensor_model_parallel_size=$((NUM_GPUS / 4))

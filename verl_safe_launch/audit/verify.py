@@ -1,0 +1,168 @@
+"""A verdict only as strong as what was read: findings an unread part of a script could change become "cannot verify"."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+
+from verl_safe_launch.compose import config_groups
+from verl_safe_launch.findings import Finding, Severity
+from verl_safe_launch.inputs import OverrideToken
+from verl_safe_launch.provenance import Layer, Source
+from verl_safe_launch.shell import ScriptLaunch, ScriptNote, override_key
+
+CANNOT_VERIFY = "cannot-verify"
+STRUCTURE_RULES = frozenset(
+    {"unknown-key", "new-key", "dataclass-field", "ignored-key", "deprecated-key", "engine-mismatch"}
+)
+"""Rules about which keys exist: another config group (``model_engine=megatron``) changes their answer."""
+
+
+@dataclass(frozen=True)
+class Unread:
+    """The parts of one launch the reader could not read, and the overrides it did read (in order)."""
+
+    parts: tuple[ScriptNote, ...]
+    last_write: dict[str, int]
+
+    @classmethod
+    def of(cls, launch: ScriptLaunch) -> Unread:
+        """The unread parts of a launch, with the position of the last override of every key."""
+        last: dict[str, int] = {}
+        for position, token in enumerate(launch.tokens):
+            key = override_key(token.text)
+            if key is not None:
+                last[key] = position
+        return cls(tuple(n for n in launch.notes if n.unread), last)
+
+    def supplier(self, key: str) -> ScriptNote | None:
+        """The first unread part that could set ``key`` (or a node above or below it) after its last override."""
+        for part in self.parts:
+            if self.pinned(key, part):
+                continue
+            if part.supplies is None or any(_related(key, supplied) for supplied in part.supplies):
+                return part
+        return None
+
+    def pinned(self, key: str, part: ScriptNote) -> bool:
+        """True when an override of ``key`` comes after ``part`` (Hydra keeps the last value)."""
+        return self.last_write.get(key, -1) >= part.position
+
+    def changes(self, finding: Finding, structural: ScriptNote | None) -> ScriptNote | None:
+        """The unread part that could change the finding, if any."""
+        keys = depends_on(finding)
+        for key in keys:
+            part = self.supplier(key)
+            if part is not None:
+                return part
+        if structural is None:
+            return None
+        if finding.rule_id not in STRUCTURE_RULES and keys and all(self.pinned(k, structural) for k in keys):
+            return None
+        return structural
+
+    def structural(self) -> ScriptNote | None:
+        """An unread part that could choose a config group (``model_engine=...``): every key may change."""
+        groups = config_groups()
+        for group in groups:
+            part = self.supplier(group)
+            if part is not None:
+                return part
+        return None
+
+
+def _related(key: str, supplied: str) -> bool:
+    return key == supplied or key.startswith(supplied + ".") or supplied.startswith(key + ".")
+
+
+def depends_on(finding: Finding) -> tuple[str, ...]:
+    """The keys a finding depends on: the keys it names and the keys of the values it cites."""
+    keys = [k for k in finding.keys if k and not k.startswith("$")]
+    keys.extend(key for key, _value, _source in finding.sources if key and not key.startswith("$"))
+    return tuple(dict.fromkeys(keys))
+
+
+def qualify(findings: Iterable[Finding], launch: ScriptLaunch) -> list[Finding]:
+    """Judge a launch's findings by what was read.
+
+    Every error and warning that an unread part of the launch could change becomes "cannot verify"; a shared
+    value replaced on the launch line itself is a warning; an explicit value emptied by an unset variable is one.
+    """
+    findings = [_deliberate(f, launch) for f in findings]
+    unread = Unread.of(launch)
+    if not unread.parts:
+        return findings
+    structural = unread.structural()
+    out: list[Finding] = []
+    for finding in findings:
+        if finding.severity is Severity.INFO:
+            out.append(finding)
+            continue
+        part = unread.changes(finding, structural)
+        out.append(finding if part is None else cannot_verify(finding, part, launch))
+    return [*out, *_emptied(launch)]
+
+
+def _deliberate(finding: Finding, launch: ScriptLaunch) -> Finding:
+    """A key defined before the launch (in an array or a variable) and replaced on the launch line: a warning."""
+    if finding.rule_id != "duplicate-key" or finding.severity is not Severity.ERROR:
+        return finding
+    lines = [source.line for _key, _value, source in finding.sources]
+    if None in lines or len(lines) < 2:
+        return finding
+    *earlier, last = (line for line in lines if line is not None)
+    if not (all(line < launch.line for line in earlier) and last >= launch.line):
+        return finding
+    message = (
+        f"{finding.message}; the launch on line {launch.line} replaces a value defined earlier in the script, "
+        "which looks deliberate"
+    )
+    return replace(finding, severity=Severity.WARNING, message=message)
+
+
+def _emptied(launch: ScriptLaunch) -> list[Finding]:
+    """``key=$UNSET`` after an explicit ``key=value``: unless the environment sets it, the value becomes ''."""
+    out: list[Finding] = []
+    for note in launch.notes:
+        if note.kind != "unresolved" or not note.supplies or len(note.supplies) != 1:
+            continue
+        if not note.detail.endswith("which the script does not set"):
+            continue
+        key = note.supplies[0]
+        before = [t for t in launch.tokens[: note.position] if override_key(t.text) == key]
+        if before:
+            out.append(_emptied_one(launch, note, key, before[-1]))
+    return out
+
+
+def _emptied_one(launch: ScriptLaunch, note: ScriptNote, key: str, token: OverrideToken) -> Finding:
+    variable = note.detail.split(",", 1)[0]
+    line = token.source.line
+    message = (
+        f"{token.text} (line {line}) is replaced by {note.raw} (line {note.line}); the script never sets "
+        f"{variable}, so unless the environment does, Hydra gets '{key}=' and the value becomes ''"
+    )
+    fix = f"set {variable} in the script, or keep one of the two ({token.text})"
+    here = Source(Layer.SCRIPT, launch.path, note.line, raw=note.raw)
+    sources = ((key, token.text.partition("=")[2], token.source), (key, note.raw, here))
+    return Finding("script-emptied-value", Severity.WARNING, (key,), message, fix, sources)
+
+
+def cannot_verify(finding: Finding, part: ScriptNote, launch: ScriptLaunch) -> Finding:
+    """The finding, as information: what it would say, and the unread part (text and line) that could change it."""
+    message = (
+        f"cannot verify [{finding.rule_id}]: {finding.message}; line {part.line} ({part.raw}) is not read "
+        f"and could change it: {part.detail}"
+    )
+    source = Source(Layer.SCRIPT, launch.path, part.line, raw=part.raw)
+    fix = f"pass the value after '--' to audit it: verl-safe-launch audit {launch.path} -- KEY=VALUE"
+    sources = (*finding.sources, ("unread", part.raw, source))
+    return Finding(CANNOT_VERIFY, Severity.INFO, finding.keys, message, fix, sources)
+
+
+def unread_count(launch: ScriptLaunch) -> int:
+    """How many parts of the launch the reader could not read."""
+    return len(Unread.of(launch).parts)
+
+
+__all__ = ["CANNOT_VERIFY", "Unread", "cannot_verify", "depends_on", "qualify", "unread_count"]

@@ -1,0 +1,168 @@
+"""verl's config schema from its own dataclasses: field types (unions, open dicts, nested dataclasses) per class.
+
+Generated once from the installed verl (``dataclasses.fields`` + ``typing.get_type_hints``) into
+``verl_safe_launch/data/verl_schema.json``; reading it needs neither verl nor torch.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+SCHEMA_FILE = "verl_schema.json"
+SCALARS = {int: "int", float: "float", bool: "bool", str: "str"}
+
+
+@dataclass(frozen=True)
+class SchemaField:
+    """One field of a verl config dataclass: its kinds (``int``, ``dict``, ``dataclass`` ...), nullability, default."""
+
+    owner: str
+    name: str
+    kinds: tuple[str, ...]
+    optional: bool
+    text: str
+    default: str | None
+    nested: str | None = None
+
+    @property
+    def open(self) -> bool:
+        """True for a dict-typed (or untyped) field: any key may go below it."""
+        return "dict" in self.kinds or "any" in self.kinds
+
+
+@functools.cache
+def load_schema() -> Mapping[str, Mapping[str, SchemaField]]:
+    """``_target_`` → field name → field, from the generated data file."""
+    text = resources.files("verl_safe_launch.data").joinpath(SCHEMA_FILE).read_text(encoding="utf-8")
+    data = json.loads(text)
+    out: dict[str, dict[str, SchemaField]] = {}
+    for target, fields in data["classes"].items():
+        owner = target.rpartition(".")[2]
+        out[target] = {
+            name: SchemaField(
+                owner, name, tuple(f["kinds"]), f["optional"], f["type"], f["default"], f.get("dataclass")
+            )
+            for name, f in fields.items()
+        }
+    return out
+
+
+def generate_schema(config_dir: Path) -> dict[str, Any]:
+    """The schema of every config dataclass named by a ``_target_`` in verl's YAML (imports verl)."""
+    import dataclasses
+    import importlib
+
+    import verl
+
+    queue = sorted(_targets(config_dir))
+    classes: dict[str, Any] = {}
+    while queue:
+        target = queue.pop(0)
+        if target in classes:
+            continue
+        module, _, name = target.rpartition(".")
+        cls = getattr(importlib.import_module(module), name, None)
+        if cls is None or not dataclasses.is_dataclass(cls):
+            continue
+        hints = typing.get_type_hints(cls)
+        fields: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            if f.name.startswith("_"):
+                continue
+            kinds, optional, nested = _describe(hints.get(f.name, Any))
+            queue.extend(nested)
+            fields[f.name] = {
+                "kinds": sorted(kinds),
+                "optional": optional,
+                "type": _text(kinds, optional, nested),
+                "default": _default(f),
+                "dataclass": nested[0] if kinds == {"dataclass"} and len(nested) == 1 else None,
+            }
+        classes[target] = fields
+    return {"verl_version": verl.__version__, "classes": dict(sorted(classes.items()))}
+
+
+def _targets(config_dir: Path) -> set[str]:
+    import yaml
+
+    found: set[str] = set()
+
+    def walk(node: object) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key == "_target_" and isinstance(value, str):
+                    found.add(value)
+                else:
+                    walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    for path in sorted(config_dir.rglob("*.yaml")):
+        walk(yaml.safe_load(path.read_text(encoding="utf-8")))
+    return found
+
+
+def _describe(hint: Any) -> tuple[set[str], bool, list[str]]:
+    """The kinds a type hint allows, whether it allows None, and the dataclasses it names."""
+    import dataclasses
+
+    origin = typing.get_origin(hint)
+    if origin is typing.Union or origin is types.UnionType:
+        kinds: set[str] = set()
+        optional = False
+        nested: list[str] = []
+        for arg in typing.get_args(hint):
+            if arg is type(None):
+                optional = True
+                continue
+            more, opt, inner = _describe(arg)
+            kinds |= more
+            optional = optional or opt
+            nested += inner
+        return kinds, optional, nested
+    if origin is typing.Literal:
+        return {SCALARS.get(type(v), "any") for v in typing.get_args(hint)}, None in typing.get_args(hint), []
+    base = origin or hint
+    if base in SCALARS:
+        return {SCALARS[base]}, False, []
+    if isinstance(base, type) and dataclasses.is_dataclass(base):
+        return {"dataclass"}, False, [f"{base.__module__}.{base.__qualname__}"]
+    if (isinstance(base, type) and issubclass(base, Mapping)) or _named(base, "DictConfig"):
+        return {"dict"}, False, []
+    if (isinstance(base, type) and issubclass(base, Sequence | set) and base is not str) or _named(
+        base, "ListConfig"
+    ):
+        return {"list"}, False, []
+    return {"any"}, False, []
+
+
+def _named(base: Any, name: str) -> bool:
+    return getattr(base, "__name__", None) == name
+
+
+def _text(kinds: set[str], optional: bool, nested: list[str]) -> str:
+    names = [n.rpartition(".")[2] for n in nested] if kinds == {"dataclass"} else sorted(kinds)
+    return " | ".join([*names, *(["None"] if optional else [])])
+
+
+def _default(f: Any) -> str | None:
+    import dataclasses
+
+    if f.default is not dataclasses.MISSING:
+        value = f.default
+        return json.dumps(value) if isinstance(value, str) else repr(value)
+    if f.default_factory is not dataclasses.MISSING:
+        return "(factory)"
+    return None
+
+
+__all__ = ["SCHEMA_FILE", "SchemaField", "generate_schema", "load_schema"]

@@ -1,0 +1,311 @@
+"""One verl launch of a script: its overrides with their lines, Hydra's flags, and the parts not read."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from verl_safe_launch.inputs import ComposeRequest, OverrideToken, verl_config_dir, verl_package_dir
+from verl_safe_launch.provenance import Layer, Source
+from verl_safe_launch.shell.expand import OPAQUE, Field
+
+MODULE = "verl.trainer.main_ppo"
+_HYDRA_VALUE_FLAGS = frozenset(
+    {"--cfg", "-c", "--package", "-p", "--experimental-rerun", "--config-dir", "-cd"}
+)
+_CONFIG_PATH_FLAGS = frozenset({"--config-path", "-cp"})
+_CONFIG_NAME_FLAGS = frozenset({"--config-name", "-cn"})
+DEPRECATED_CONFIG_NAMES = {"ppo_megatron_trainer": "model_engine=megatron"}
+
+
+@dataclass(frozen=True)
+class ScriptNote:
+    """Something in a launch the reader did not turn into an override: kind, line, raw text and why.
+
+    A part the reader could not read says which keys it could set: ``supplies`` names them, ``None`` means any
+    key; ``position`` is the number of overrides before it (Hydra keeps the last value of a key).
+    """
+
+    kind: str
+    line: int
+    raw: str
+    detail: str
+    supplies: tuple[str, ...] | None = ()
+    position: int = 0
+
+    @property
+    def unread(self) -> bool:
+        """True when this part could set a value the reader did not see."""
+        return self.supplies is None or bool(self.supplies)
+
+
+@dataclass(frozen=True)
+class Passthrough:
+    """Where a launch passes the script's own arguments (``"$@"``) to verl."""
+
+    position: int
+    line: int
+    raw: str
+
+
+@dataclass(frozen=True)
+class ScriptLaunch:
+    """One ``python -m verl.trainer.main_ppo`` launch in a script: its overrides, in order, with their lines."""
+
+    path: str
+    line: int
+    index: int
+    tokens: tuple[OverrideToken, ...]
+    config_files: tuple[Path, ...] = ()
+    passthrough: Passthrough | None = None
+    notes: tuple[ScriptNote, ...] = ()
+
+    @property
+    def label(self) -> str:
+        """``run.sh:12`` (the line where the launch command starts)."""
+        return f"{self.path}:{self.line}"
+
+    def request(self, passthrough: tuple[OverrideToken, ...] = (), *, lenient: bool = True) -> ComposeRequest:
+        """The compose request: the script's overrides with ``passthrough`` inserted where ``"$@"`` stands."""
+        at = self.passthrough.position if self.passthrough else len(self.tokens)
+        tokens = (*self.tokens[:at], *passthrough, *self.tokens[at:])
+        return ComposeRequest(overrides=tokens, config_files=self.config_files, lenient=lenient)
+
+
+def traced_launches(
+    name: str, calls: tuple[tuple[str, ...], ...], static: tuple[ScriptLaunch, ...] = ()
+) -> tuple[ScriptLaunch, ...]:
+    """The launches in command lines bash really ran; lines are taken from the statically read launch."""
+    launches: list[ScriptLaunch] = []
+    for argv in calls:
+        known = static[len(launches)] if len(launches) < len(static) else None
+        line = known.line if known is not None else 0
+        lines = _lines_by_text(known)
+        fields = [Field(word, lines.get(word, line), word) for word in argv]
+        start = module_end(fields)
+        if start is None:
+            continue
+        builder = LaunchBuilder(name, len(launches) + 1, line, [], False)
+        launches.append(builder.build(fields[start:]))
+    return tuple(launches)
+
+
+def _lines_by_text(launch: ScriptLaunch | None) -> dict[str, int]:
+    if launch is None:
+        return {}
+    return {t.text: t.source.line or launch.line for t in launch.tokens}
+
+
+def module_end(fields: list[Field]) -> int | None:
+    for i, f in enumerate(fields):
+        text = f.text if f.problem is None else ""
+        if text == "-m" and i + 1 < len(fields) and fields[i + 1].text == MODULE:
+            return i + 2
+        if text == f"-m{MODULE}" or text.endswith("verl/trainer/main_ppo.py"):
+            return i + 1
+    return None
+
+
+class LaunchBuilder:
+    """Builds one launch from the fields after ``-m verl.trainer.main_ppo``."""
+
+    def __init__(self, name: str, index: int, line: int, notes: list[ScriptNote], conditional: bool) -> None:
+        self.name = name
+        self.index = index
+        self.line = line
+        self.notes = list(_dedupe(notes))
+        if conditional:
+            self.notes.append(
+                ScriptNote("conditional", line, MODULE, "this launch runs inside an if/for block")
+            )
+        self.tokens: list[OverrideToken] = []
+        self.passthrough: Passthrough | None = None
+        self.config_path: Field | None = None
+        self.config_name: Field | None = None
+
+    def build(self, fields: list[Field]) -> ScriptLaunch:
+        pending: str | None = None
+        for f in fields:
+            if pending is not None:
+                self._flag_value(pending, f)
+                pending = None
+            else:
+                pending = self._field(f)
+        files, group = self._config()
+        tokens = (*group, *self.tokens)
+        shift = len(group)
+        passthrough = self.passthrough
+        if passthrough and shift:
+            passthrough = Passthrough(passthrough.position + shift, passthrough.line, passthrough.raw)
+        return ScriptLaunch(self.name, self.line, self.index, tokens, files, passthrough, tuple(self.notes))
+
+    def _field(self, f: Field) -> str | None:
+        if f.args:
+            if self.passthrough is None:
+                self.passthrough = Passthrough(len(self.tokens), f.line, f.raw)
+            return None
+        if f.maybe is not None:
+            self._unread("maybe", f, f.maybe)
+            return None
+        if f.problem is not None:
+            flag = f.raw.strip("'\"").partition("=")[0]
+            if flag in _CONFIG_PATH_FLAGS | _CONFIG_NAME_FLAGS:
+                self._flag_value(flag, f)
+            else:
+                self._unread("unresolved", f, f.problem)
+            return None
+        flag, eq, value = f.text.partition("=")
+        if flag in _CONFIG_PATH_FLAGS | _CONFIG_NAME_FLAGS | _HYDRA_VALUE_FLAGS:
+            if eq:
+                self._flag_value(flag, Field(value, f.line, f.raw))
+                return None
+            return flag
+        if f.text.startswith("-"):
+            self.notes.append(
+                ScriptNote("hydra-option", f.line, f.raw, "Hydra command-line option, not a config value")
+            )
+            return None
+        key = f.text.lstrip("+~").partition("=")[0]
+        if key == "hydra" or key.startswith("hydra."):
+            self.notes.append(
+                ScriptNote("hydra-option", f.line, f.raw, "Hydra runtime setting, not part of verl's config")
+            )
+            return None
+        if f.machine is not None:
+            detail = f"${f.machine}, which differs from machine to machine"
+            self.notes.append(ScriptNote("machine", f.line, f.text, detail, (), len(self.tokens)))
+        self.tokens.append(OverrideToken(f.text, Source(Layer.SCRIPT, self.name, f.line, raw=f.raw)))
+        return None
+
+    def _unread(self, kind: str, f: Field, detail: str) -> None:
+        """A part whose value (or presence) is unknown: the key it sets when that much is written out."""
+        key = override_key(f.text)
+        if key is not None and (key == "hydra" or key.startswith(("hydra.", "-"))):
+            supplies: tuple[str, ...] | None = ()
+        else:
+            supplies = (key,) if key is not None else None
+        self.notes.append(ScriptNote(kind, f.line, f.raw, detail, supplies, len(self.tokens)))
+
+    def _flag_value(self, flag: str, value: Field) -> None:
+        if flag in _CONFIG_PATH_FLAGS:
+            self.config_path = value
+        elif flag in _CONFIG_NAME_FLAGS:
+            self.config_name = value
+        else:
+            raw = value.raw if value.raw.startswith(flag) else f"{flag} {value.raw}"
+            self.notes.append(
+                ScriptNote("hydra-option", value.line, raw, "Hydra command-line option, not a config value")
+            )
+
+    def _config(self) -> tuple[tuple[Path, ...], tuple[OverrideToken, ...]]:
+        """``--config-path``/``--config-name``: verl's own config, its deprecated alias, or a user YAML layer."""
+        name_field, path_field = self.config_name, self.config_path
+        if name_field is None and path_field is None:
+            return (), ()
+        for f in (path_field, name_field):
+            if f is not None and f.problem is not None:
+                self.notes.append(
+                    ScriptNote("config", f.line, f.raw, f"{f.problem}; the config file is not audited", None)
+                )
+                return (), ()
+        name = (name_field.text if name_field else "ppo_trainer").removesuffix(".yaml")
+        directory = _config_dir(path_field.text if path_field else "config")
+        where = name_field or path_field
+        assert where is not None
+        if directory is not None and directory == verl_config_dir().resolve():
+            return (), self._verl_config(name, where)
+        if directory is None or not (directory / f"{name}.yaml").is_file():
+            shown = f"{path_field.text if path_field else 'config'}/{name}.yaml"
+            self.notes.append(
+                ScriptNote(
+                    "config", where.line, where.raw, f"config file {shown} not found; not audited", None
+                )
+            )
+            return (), ()
+        path = directory / f"{name}.yaml"
+        return (path,), self._inherited(path, where)
+
+    def _inherited(self, path: Path, where: Field) -> tuple[OverrideToken, ...]:
+        """The verl config a user config inherits (its ``defaults``): megatron's becomes ``model_engine=megatron``."""
+        entries = _defaults_of(path)
+        bases = [e for e in entries or () if e != "_self_"]
+        if entries is None or any(b not in ("ppo_trainer", *DEPRECATED_CONFIG_NAMES) for b in bases):
+            detail = (
+                f"{path.name} has a defaults list this reader does not compose ({entries}); keys not checked"
+            )
+            self.notes.append(ScriptNote("config", where.line, where.raw, detail, None))
+            return ()
+        source = Source(Layer.SCRIPT, self.name, where.line, raw=where.raw)
+        return tuple(
+            OverrideToken(DEPRECATED_CONFIG_NAMES[b], source) for b in bases if b in DEPRECATED_CONFIG_NAMES
+        )
+
+    def _verl_config(self, name: str, where: Field) -> tuple[OverrideToken, ...]:
+        if name == "ppo_trainer":
+            return ()
+        if name in DEPRECATED_CONFIG_NAMES:
+            text = DEPRECATED_CONFIG_NAMES[name]
+            self.notes.append(ScriptNote("deprecated-config", where.line, where.raw, text))
+            return (OverrideToken(text, Source(Layer.SCRIPT, self.name, where.line, raw=where.raw)),)
+        self.notes.append(
+            ScriptNote(
+                "config", where.line, where.raw, f"verl config '{name}' is not the PPO trainer's", None
+            )
+        )
+        return ()
+
+
+def _defaults_of(path: Path) -> list[str] | None:
+    """The plain entries of a config file's ``defaults`` list; None when it has entries of another form."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
+    defaults = data.get("defaults", []) if isinstance(data, dict) else []
+    if not isinstance(defaults, list) or not all(isinstance(e, str) for e in defaults):
+        return None
+    return [e.removesuffix(".yaml") for e in defaults]
+
+
+def override_key(text: str) -> str | None:
+    """The key of an override whose key is written out (``key=$X``, ``+key=...``), else None."""
+    key, eq, _ = text.lstrip("+~").partition("=")
+    if not eq or not key or OPAQUE in key or any(c.isspace() for c in key):
+        return None
+    return key
+
+
+def _config_dir(text: str) -> Path | None:
+    """Hydra's rule: an absolute path as is, a relative one inside the package of ``main_ppo``."""
+    path = Path(text).expanduser()
+    candidate = path if path.is_absolute() else verl_package_dir() / "trainer" / path
+    try:
+        return candidate.resolve() if candidate.is_dir() else None
+    except OSError:
+        return None
+
+
+def _dedupe(notes: list[ScriptNote]) -> list[ScriptNote]:
+    seen: set[tuple[str, int, str]] = set()
+    out: list[ScriptNote] = []
+    for note in notes:
+        key = (note.kind, note.line, note.raw)
+        if key not in seen:
+            seen.add(key)
+            out.append(note)
+    return out
+
+
+__all__ = [
+    "DEPRECATED_CONFIG_NAMES",
+    "MODULE",
+    "LaunchBuilder",
+    "Passthrough",
+    "ScriptLaunch",
+    "ScriptNote",
+    "module_end",
+    "override_key",
+    "traced_launches",
+]
