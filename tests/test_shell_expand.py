@@ -6,7 +6,15 @@ import subprocess
 
 import pytest
 
-from verl_safe_launch.shell.expand import ArrayValue, Env, Expander, Scalar, Unknown, apply_assignments
+from verl_safe_launch.shell.expand import (
+    OPAQUE,
+    ArrayValue,
+    Env,
+    Expander,
+    Scalar,
+    Unknown,
+    apply_assignments,
+)
 from verl_safe_launch.shell.words import ArrayAssign, Op, Word, lex
 
 
@@ -66,13 +74,13 @@ def test_values_and_default_notes() -> None:
     env, notes = assign("A=1\nB=(x 'y z')\nC=${UNSET:-d}\nD=$(date)")
     assert env["A"] == Scalar("1") and env["C"] == Scalar("d")
     assert isinstance(env["B"], ArrayValue) and [f.text for f in env["B"].items] == ["x", "y z"]
-    assert env["D"] == Unknown("the command substitution $(date) (line 4)")
+    assert env["D"] == Scalar(OPAQUE, "the command substitution $(date) (line 4)")  # unknown, but present
     assert notes == ["UNSET is not set in the script, so its default 'd' is used"]
 
 
 def test_assignment_inside_a_block_is_unknown() -> None:
     env, _ = assign("A=1", conditional=True)
-    assert env["A"] == Unknown("$A, which is assigned inside an if/for/while block (line 1)")
+    assert env["A"] == Unknown("$A, which is assigned inside an if/case/loop block (line 1)")
 
 
 @pytest.mark.parametrize(
@@ -84,7 +92,6 @@ def test_assignment_inside_a_block_is_unknown() -> None:
         ("x=$(hostname)", "the command substitution $(hostname) (line 1)"),
         ("x=`hostname`", "the command substitution `hostname` (line 1)"),
         ("x=$@", "the script's arguments ($@) inside a longer word (line 1)"),
-        ("${NOARR[@]}", "${NOARR[@]}, which the script does not set"),
         ("x=$D", "the command substitution $(date) (line 1)"),
     ],
 )
@@ -92,7 +99,12 @@ def test_what_only_the_run_time_knows_is_a_problem_not_a_guess(command: str, pro
     env, _ = assign("D=$(date)")
     [word] = [t for t in lex(command) if isinstance(t, Word)]
     [field] = Expander(env).word(word)
-    assert (field.problem, field.text) == (problem, word.raw)
+    assert (field.problem, field.text) == (problem, "x=" + OPAQUE)  # the known part kept, the rest opaque
+
+
+def test_an_array_the_script_never_sets_expands_to_no_words_as_in_bash() -> None:
+    [word] = [t for t in lex('"${NOARR[@]}"') if isinstance(t, Word)]
+    assert Expander({}).word(word) == []
 
 
 def test_passthrough_arguments_are_marked() -> None:

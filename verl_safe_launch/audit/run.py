@@ -69,7 +69,7 @@ def _note_fix(launch: ScriptLaunch, note: ScriptNote) -> str:
     if note.kind == "deprecated-config":
         return f"replace --config-path/--config-name with the override {note.detail}"
     if note.kind == "crlf":
-        return f"convert it to Unix line endings: sed -i 's/\r$//' {shlex.quote(launch.path)}"
+        return f"convert it to Unix line endings: sed -i 's/\\r$//' {shlex.quote(launch.path)}"
     if note.kind in ("unresolved", "maybe"):
         return f"to audit the value, pass it after '--': verl-safe-launch audit {shlex.quote(launch.path)} -- KEY=VALUE"
     return "nothing to do"

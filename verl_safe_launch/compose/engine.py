@@ -180,7 +180,8 @@ def _user_layers(preset: str | None, tool: ToolSettings, request: ComposeRequest
     if request.adapted:
         layers.append(list(request.adapted))
     for path in request.config_files:
-        layers.append(_file_writes(path, Source(Layer.FILE), str(path), user=True))
+        user = path not in request.named_configs
+        layers.append(_file_writes(path, Source(Layer.FILE), str(path), user=user))
     return layers
 
 

@@ -27,6 +27,9 @@ class ComposeRequest:
     lenient: bool = False
     """Record overrides Hydra refuses (unknown key, '+' on an existing key) on ``Composed.rejected``
     instead of raising, so that a pre-flight can report every problem at once."""
+    named_configs: tuple[Path, ...] = ()
+    """Config files (a script's own ``--config-name``) whose ``defaults`` list the reader already turned into
+    group choices: composed as user layers without refusing their ``defaults:``."""
 
 
 def override_positions(args: Sequence[str], overrides: Sequence[str], offset: int) -> list[int]:

@@ -100,6 +100,7 @@ class Expander:
             length += len(part.text)
             if length > MAX_VALUE_CHARS:
                 problem = problem or _too_long(word)
+                splitter.literal(OPAQUE, True)  # unknown past the limit, never silently cut short
                 break
             if part.kind is PartKind.LIT:
                 splitter.literal(part.text, part.quoted)
@@ -238,7 +239,7 @@ class Expander:
                 problem = problem or why
             length += len(text)
             if length > MAX_VALUE_CHARS:
-                return "", _too_long(word)
+                return OPAQUE, _too_long(word)
             out.append(text)
         return "".join(out), problem
 

@@ -69,7 +69,8 @@ class ScriptLaunch:
         """The compose request: the script's overrides with ``passthrough`` inserted where ``"$@"`` stands."""
         at = self.passthrough.position if self.passthrough else len(self.tokens)
         tokens = (*self.tokens[:at], *passthrough, *self.tokens[at:])
-        return ComposeRequest(overrides=tokens, config_files=self.config_files, lenient=lenient)
+        files = self.config_files
+        return ComposeRequest(overrides=tokens, config_files=files, lenient=lenient, named_configs=files)
 
 
 def traced_launches(
