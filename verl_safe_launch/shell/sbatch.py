@@ -4,13 +4,21 @@ from __future__ import annotations
 
 import re
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from verl_safe_launch.inputs import Fact, HardwareProfile
 from verl_safe_launch.provenance import Layer, Source
 from verl_safe_launch.shell.expand import Env, Expander, Scalar, apply_assignments
-from verl_safe_launch.shell.words import ArrayAssign, Op, PartKind, ShellSyntaxError, Token, Word, lex
+from verl_safe_launch.shell.words import (
+    ArrayAssign,
+    PartKind,
+    ShellSyntaxError,
+    Token,
+    Word,
+    lex,
+    split_commands,
+)
 
 SHORT_FLAGS = {
     "-N": "--nodes",
@@ -86,8 +94,6 @@ SLURM_VERB_OPTIONS = (
 GPU_OPTIONS = ("--gpus-per-node", "--gres", "--gpus", "--gpus-per-task")
 _LOOPS = frozenset({"while", "until", "for", "select"})
 _PREFIX = frozenset({"then", "else", "elif", "do", "!", "{", "}", "time", "exec", "nohup", "command"})
-_SEPARATORS = frozenset({"\n", ";", "&", "&&", "||", "|", "|&", ";;", "(", ")"})
-_REDIRECTS = frozenset({">", ">>", "<", "&>", ">&", "<&", "<<", "<<-", "<<<"})
 
 
 @dataclass(frozen=True)
@@ -410,12 +416,6 @@ def _gpus(
 # --- commands ----------------------------------------------------------------------------------------------
 
 
-@dataclass
-class _Pending:
-    items: list[Word | ArrayAssign] = field(default_factory=list)
-    sep: str = "\n"
-
-
 class _Walker:
     """Simple commands in order, each with its loop depth and whether it runs in the background."""
 
@@ -425,14 +425,14 @@ class _Walker:
         self.blocks = 0
 
     def run(self, tokens: list[Token]) -> tuple[list[Command], list[ArrayAssign]]:
-        pending = _split_commands(tokens)
+        pending = [c for c in split_commands(tokens) if c.items]
         background = False
         flags: list[bool] = []
         for item in reversed(pending):
-            if item.sep in ("|", "|&"):
+            if item.end in ("|", "|&"):
                 flags.append(background)
             else:
-                background = item.sep == "&"
+                background = item.end == "&"
                 flags.append(background)
         flags.reverse()
         commands: list[Command] = []
@@ -486,25 +486,6 @@ class _Walker:
             any(loop in ("while", "until") for loop in self.loops),
             top,
         )
-
-
-def _split_commands(tokens: list[Token]) -> list[_Pending]:
-    out: list[_Pending] = [_Pending()]
-    skip = False
-    for token in tokens:
-        if skip and isinstance(token, Word):
-            skip = False
-            continue
-        skip = False
-        if isinstance(token, Op):
-            if token.text in _SEPARATORS:
-                out[-1].sep = token.text
-                out.append(_Pending())
-            elif token.text in _REDIRECTS:
-                skip = True
-            continue
-        out[-1].items.append(token)
-    return [p for p in out if p.items]
 
 
 def _text_of(expander: Expander, word: Word) -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from verl_safe_launch.errors import InputError
@@ -10,12 +9,19 @@ from verl_safe_launch.files import read_text_input
 from verl_safe_launch.shell.cases import Cases, Step
 from verl_safe_launch.shell.expand import Env, Expander, apply_assignments
 from verl_safe_launch.shell.launch import MODULE, LaunchBuilder, ScriptLaunch, ScriptNote, module_end
-from verl_safe_launch.shell.words import ArrayAssign, Op, PartKind, ShellSyntaxError, Token, Word, lex
+from verl_safe_launch.shell.words import (
+    ArrayAssign,
+    PartKind,
+    ShellSyntaxError,
+    SimpleCommand,
+    Token,
+    Word,
+    lex,
+    split_commands,
+)
 
 MAX_SCRIPT_BYTES = 256 * 1024
 """The longest launch script read (verl's own examples are under 10 KiB)."""
-_SEPARATORS = frozenset({"\n", ";", "&", "&&", "||", "|", "|&", ";;", "(", ")"})
-_REDIRECTS = frozenset({">", ">>", "<", "<<<", "&>", ">&", "<&"})
 _OPENERS = frozenset({"if", "while", "until", "for", "case", "select"})
 _CLOSERS = frozenset({"fi", "done", "esac"})
 _PREFIX_WORDS = frozenset({"then", "else", "elif", "do", "!", "{", "}", "time", "exec", "nohup", "command"})
@@ -65,35 +71,6 @@ def parse_script(
     return reader.run(tokens)
 
 
-@dataclass
-class _Command:
-    items: list[Word | ArrayAssign] = field(default_factory=list)
-    function_header: bool = False
-    end: str = "\n"
-
-
-def _commands(tokens: list[Token]) -> list[_Command]:
-    """Split tokens into simple commands; redirections and their targets are dropped."""
-    commands: list[_Command] = [_Command()]
-    skip_next = False
-    for token in tokens:
-        if skip_next and isinstance(token, Word):
-            skip_next = False
-            continue
-        skip_next = False
-        if isinstance(token, Op):
-            if token.text in _SEPARATORS:
-                commands[-1].end = token.text
-                commands.append(_Command())
-            elif token.text in _REDIRECTS:
-                skip_next = True
-            elif token.text == "()":
-                commands[-1].function_header = True
-            continue
-        commands[-1].items.append(token)
-    return [c for c in commands if c.items or c.end == ";;"]
-
-
 class _Reader:
     def __init__(self, name: str, env: Env | None = None) -> None:
         self.name = name
@@ -105,13 +82,13 @@ class _Reader:
         self.cases = Cases()
 
     def run(self, tokens: list[Token]) -> tuple[ScriptLaunch, ...]:
-        for command in _commands(tokens):
+        for command in split_commands(tokens):
             read = self.function_depth or self.cases.step(command.items, command.end, self.env) is Step.READ
             if read and command.items:
                 self._command(command)
         return tuple(self.launches)
 
-    def _command(self, command: _Command) -> None:
+    def _command(self, command: SimpleCommand) -> None:
         items = list(command.items)
         if self._in_function(items, command.function_header):
             return

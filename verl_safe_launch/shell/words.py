@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 
@@ -431,3 +431,41 @@ def _default_parts(text: str, quoted: bool) -> tuple[Part, ...]:
 def lex(text: str) -> list[Token]:
     """Split shell text into words, array assignments and operators; raise ShellSyntaxError."""
     return _Lexer(text).run()
+
+
+SEPARATORS = frozenset({"\n", ";", "&", "&&", "||", "|", "|&", ";;", "(", ")"})
+"""Operators that end a simple command."""
+REDIRECTS = frozenset({">", ">>", "<", "<<", "<<-", "<<<", "&>", ">&", "<&"})
+"""Operators whose next word is a redirection target (a file, a here-document delimiter, a here-string)."""
+
+
+@dataclass
+class SimpleCommand:
+    """One simple command: its words and assignments, what ended it, and whether it heads a function."""
+
+    items: list[Word | ArrayAssign] = field(default_factory=list)
+    function_header: bool = False
+    end: str = "\n"
+
+
+def split_commands(tokens: list[Token]) -> list[SimpleCommand]:
+    """Split tokens into simple commands; redirections and their targets are dropped (an empty command is kept
+    only where ``;;`` ends a ``case`` branch)."""
+    commands: list[SimpleCommand] = [SimpleCommand()]
+    skip_next = False
+    for token in tokens:
+        if skip_next and isinstance(token, Word):
+            skip_next = False
+            continue
+        skip_next = False
+        if isinstance(token, Op):
+            if token.text in SEPARATORS:
+                commands[-1].end = token.text
+                commands.append(SimpleCommand())
+            elif token.text in REDIRECTS:
+                skip_next = True
+            elif token.text == "()":
+                commands[-1].function_header = True
+            continue
+        commands[-1].items.append(token)
+    return [c for c in commands if c.items or c.end == ";;"]
