@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, make_tiny_model
 
-from hydra_plugins.verl_safe_launch.callback import ENABLE_OVERRIDE, flatten, preflight_report, tool_token
+from hydra_plugins.verl_safe_launch.callback import ENABLE_OVERRIDE, preflight_report, tool_token
 from hydra_plugins.verl_safe_launch.search_path import VerlSafeLaunchSearchPathPlugin
 from verl_safe_launch.compose import compose
+from verl_safe_launch.config_view import flatten
 from verl_safe_launch.inputs import ComposeRequest, cli_tokens
 
 VERL_MAIN = ("-m", "verl.trainer.main_ppo")

@@ -57,6 +57,8 @@ def task_values(config: Any) -> dict[str, Any]:
     """The config verl's task function receives (Hydra drops the ``hydra`` node), as dotted leaves."""
     from omegaconf import OmegaConf
 
+    from verl_safe_launch.config_view import flatten
+
     container = OmegaConf.to_container(config, resolve=False)
     assert isinstance(container, dict)
     container.pop("hydra", None)
@@ -67,18 +69,6 @@ def task_values(config: Any) -> dict[str, Any]:
         plain = container
     assert isinstance(plain, dict)
     return flatten({str(key): value for key, value in plain.items()})
-
-
-def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested mappings → ``{dotted.key: leaf}`` (lists are leaves)."""
-    out: dict[str, Any] = {}
-    for key, value in tree.items():
-        dotted = f"{prefix}{key}"
-        if isinstance(value, Mapping) and value:
-            out.update(flatten(value, dotted + "."))
-        else:
-            out[dotted] = value
-    return out
 
 
 def stray_tool_keys(values: Mapping[str, Any], overrides: list[str]) -> list[str]:
