@@ -294,3 +294,23 @@ def test_docker_containers_are_listed_not_guessed(cli: Callable[..., CliResult],
     assert "--container" not in result.out
     assert "note: line 33 runs in a container with docker" in result.err
     assert (tmp_path / "out" / "docker.yaml").is_file()
+
+
+def test_host_memory_is_judged_against_the_jobs_own_mem(
+    tmp_path: Path, cli: Callable[..., CliResult]
+) -> None:
+    """``#SBATCH --mem`` is the host memory of every node: a 7B actor offloaded to the CPU does not fit in 8 GiB."""
+    script = (DATA / "sbatch" / "single_node.sbatch").read_text()
+    script = script.replace("#SBATCH --mem=256G", "#SBATCH --mem=8G").replace(
+        "Qwen/Qwen2.5-0.5B-Instruct \\\n",
+        "Qwen/Qwen2.5-7B-Instruct \\\n    actor_rollout_ref.actor.fsdp_config.param_offload=True \\\n"
+        "    actor_rollout_ref.actor.fsdp_config.optimizer_offload=True \\\n",
+    )
+    path = tmp_path / "job.sbatch"
+    path.write_text(script)
+    out = cli("audit", str(path), "--", "hardware.gpu_memory_gb=80").out
+    assert "error [host-memory-out-of-memory]" in out, out
+    assert "job.sbatch:6" in out  # the #SBATCH --mem line is where the limit comes from
+    roomy = path.read_text().replace("#SBATCH --mem=8G", "#SBATCH --mem=2T")
+    path.write_text(roomy)
+    assert "host-memory-out-of-memory" not in cli("audit", str(path), "--", "hardware.gpu_memory_gb=80").out

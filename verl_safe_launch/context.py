@@ -90,6 +90,8 @@ class HardwareFacts:
     gpu_name: str | None = None
     flash_attn: bool | None = None
     host_memory_gb: float | None = None
+    host_memory_from: str | None = None
+    """Where the host memory figure came from (``hardware.host_memory_gb``, a job script's ``--mem`` line...)."""
     on_this_machine: bool = False
     """The GPUs were detected here (nvidia-smi, a Slurm allocation), so the run happens on this machine."""
 

@@ -14,6 +14,7 @@ from verl_safe_launch.inputs.hardware import (
     hardware_fills,
     hardware_findings,
     merge_profiles,
+    slurm_mem_gib,
 )
 from verl_safe_launch.inputs.keytypes import (
     KeyFacts,
@@ -65,6 +66,7 @@ __all__ = [
     "parse_yaml",
     "read_yaml",
     "request_from_args",
+    "slurm_mem_gib",
     "split_tool_tokens",
     "verl_config_dir",
     "verl_files",

@@ -65,6 +65,7 @@ class HardwareProfile:
             gpu_name=self.gpu_name.value if self.gpu_name else None,
             flash_attn=self.flash_attn.value if self.flash_attn else None,
             host_memory_gb=self.host_memory_gb.value if self.host_memory_gb else None,
+            host_memory_from=self.host_memory_gb.source.describe() if self.host_memory_gb else None,
             on_this_machine=self.detected_here,
         )
 
@@ -107,6 +108,8 @@ def merge_profiles(first: HardwareProfile, then: HardwareProfile) -> HardwarePro
         gpu_memory_gb=first.gpu_memory_gb or then.gpu_memory_gb,
         gpu_name=first.gpu_name or then.gpu_name,
         notes=first.notes + then.notes,
+        flash_attn=first.flash_attn or then.flash_attn,
+        host_memory_gb=first.host_memory_gb or then.host_memory_gb,
     )
 
 
@@ -224,13 +227,20 @@ _SLURM_MEM = re.compile(r"^(\d+)([KMGT]?)$")
 _MEM_UNIT_GIB = {"K": 1 / (1 << 20), "M": 1 / 1024, "": 1 / 1024, "G": 1.0, "T": 1024.0}
 
 
+def slurm_mem_gib(text: str) -> float | None:
+    """GiB of a Slurm memory size (``--mem`` / ``SLURM_MEM_PER_NODE``: MiB unless suffixed K, M, G or T)."""
+    match = _SLURM_MEM.match(text.strip().upper())
+    if not match or int(match.group(1)) == 0:
+        return None
+    return round(int(match.group(1)) * _MEM_UNIT_GIB[match.group(2)], 1)
+
+
 def _slurm_memory(env: Mapping[str, str]) -> Fact[float] | None:
     """Host memory of the job on one node from ``SLURM_MEM_PER_NODE`` (``--mem``; MiB unless suffixed)."""
     text = env.get("SLURM_MEM_PER_NODE", "").strip().upper()
-    match = _SLURM_MEM.match(text)
-    if not match or int(match.group(1)) == 0:
+    gib = slurm_mem_gib(text)
+    if gib is None:
         return None
-    gib = round(int(match.group(1)) * _MEM_UNIT_GIB[match.group(2)], 1)
     return Fact(gib, Source(Layer.HARDWARE, reason=f"detected: SLURM_MEM_PER_NODE={text} (sbatch --mem)"))
 
 

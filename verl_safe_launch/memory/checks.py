@@ -35,7 +35,7 @@ def memory_findings(ctx: RuleContext, estimate: MemoryEstimate | None = None) ->
     if est.rollout is not None:
         out.extend(_rollout(ctx, est.rollout, gpu))
     out.extend(_verdicts(ctx, est))
-    out.extend(host_findings(est.host))
+    out.extend(host_findings(est.host, ctx.hardware.host_memory_from))
     return out
 
 

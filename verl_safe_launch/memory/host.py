@@ -115,8 +115,9 @@ HOST_FIXES = {
 }
 
 
-def host_findings(host: HostEstimate | None) -> list[Finding]:
-    """An error when a node's host RAM cannot hold the estimate, a warning within the margin."""
+def host_findings(host: HostEstimate | None, source: str | None = None) -> list[Finding]:
+    """An error when a node's host RAM cannot hold the estimate, a warning within the margin; ``source`` says
+    where the host memory figure came from."""
     if host is None or host.host_memory_gib is None:
         return []
     limit = host.host_memory_gib
@@ -125,7 +126,8 @@ def host_findings(host: HostEstimate | None) -> list[Finding]:
     parts = ", ".join(f"{c} {v:.1f}" for c, v in sorted(host.components, key=lambda c: -c[1]) if v >= 0.05)
     oom = host.total > limit
     msg = (
-        f"host RAM per node needs ~{host.total:.1f} GiB ({parts}) of {limit:g} GiB (hardware.host_memory_gb)"
+        f"host RAM per node needs ~{host.total:.1f} GiB ({parts}) of {limit:g} GiB "
+        f"({source or 'hardware.host_memory_gb'})"
         + ("" if oom else f"; less than the {HOST_MARGIN:.0%} margin left")
     )
     top = max(host.components, key=lambda c: c[1])[0]

@@ -7,7 +7,7 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from verl_safe_launch.inputs import Fact, HardwareProfile
+from verl_safe_launch.inputs import Fact, HardwareProfile, slurm_mem_gib
 from verl_safe_launch.provenance import Layer, Source
 from verl_safe_launch.shell.expand import Env, Expander, Scalar, apply_assignments
 from verl_safe_launch.shell.words import (
@@ -185,8 +185,12 @@ class Allocation:
         return found[-1] if found else None
 
     def profile(self) -> HardwareProfile:
-        """The hardware facts the pre-flight judges the launch against."""
-        return HardwareProfile(nodes=self.nodes, gpus_per_node=self.gpus_per_node, gpu_name=self.gpu_type)
+        """The hardware facts the pre-flight judges the launch against (host memory per node from ``--mem``)."""
+        gib = slurm_mem_gib(self.mem.value) if self.mem is not None else None
+        memory = Fact(gib, self.mem.source) if gib is not None and self.mem is not None else None
+        return HardwareProfile(
+            nodes=self.nodes, gpus_per_node=self.gpus_per_node, gpu_name=self.gpu_type, host_memory_gb=memory
+        )
 
     def slurm_env(self) -> dict[str, str]:
         """The variables Slurm sets in the job from these options (only those the options determine)."""
@@ -198,6 +202,8 @@ class Allocation:
         gpus = self.last("--gpus-per-node")
         if gpus is not None and gpus.value:
             env["SLURM_GPUS_PER_NODE"] = gpus.value
+        if self.mem is not None and slurm_mem_gib(self.mem.value) is not None:
+            env["SLURM_MEM_PER_NODE"] = self.mem.value
         return env
 
 
