@@ -155,7 +155,10 @@ def test_migrate_round_trip(cli: Cli, tmp_path: Path, launch: ScriptLaunch) -> N
     machine = {(n.line, n.raw) for n in launch.notes if n.kind == "machine"}
     kept = tuple(t for t in launch.tokens if (t.source.line, t.text) not in machine)
     original = compose(replace(launch, tokens=kept).request())
-    assert dict(migrated.view.values) == dict(original.view.values)
+    env = "ray_kwargs.ray_init.runtime_env.env_vars."
+    exported = {k: v for k, v in migrated.view.values.items() if k.startswith(env)}
+    assert exported == {env + e.name: e.value for e in launch.exports}  # the script's exports, into Ray's env
+    assert {k: v for k, v in migrated.view.values.items() if k not in exported} == dict(original.view.values)
     text = out.read_text()
     assert text.startswith(f"# verl config migrated from {launch.path} (the launch on line {launch.line}).")
 
@@ -237,3 +240,26 @@ def test_migrate_preflights_what_it_wrote(cli: Cli, tmp_path: Path) -> None:
     assert result.code == 0
     assert "note: pre-flight of the migrated config: NO-GO: 3 errors" in result.err
     assert f"see them with: verl-safe-launch check -c {tmp_path / 'b.yaml'}" in result.err
+
+
+def test_migrate_fix_writes_deprecated_keys_the_new_way_and_keeps_exports(cli: Cli, tmp_path: Path) -> None:
+    script = tmp_path / "old.sh"
+    script.write_text(
+        "export VLLM_ATTENTION_BACKEND=XFORMERS\n"
+        "python3 -m verl.trainer.main_ppo actor_rollout_ref.actor.ppo_micro_batch_size=16 \\\n"
+        "  actor_rollout_ref.actor.ulysses_sequence_parallel_size=2 trainer.n_gpus_per_node=8\n"
+    )
+    out = tmp_path / "new.yaml"
+    result = cli("migrate", str(script), "-o", str(out), "--fix")
+    assert result.code == 0, result.err
+    assert (
+        "fixed: actor_rollout_ref.actor.ppo_micro_batch_size -> actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu (line 2): global micro batch 16 / 8 GPUs = 2 per GPU"
+        in result.err
+    )
+    view = compose(ComposeRequest(config_files=(out,))).view
+    assert view.get("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu") == 2
+    assert view.get("actor_rollout_ref.actor.ppo_micro_batch_size") is None
+    assert view.get("actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size") == 2
+    assert view.get("ray_kwargs.ray_init.runtime_env.env_vars.VLLM_ATTENTION_BACKEND") == "XFORMERS"
+    check = cli("check", "-c", str(out))
+    assert "deprecated-alias" not in check.out and "runtime_env" not in check.out

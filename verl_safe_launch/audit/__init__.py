@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from verl_safe_launch.audit.aliases import ALIASES, IGNORED, covered, yaml_deprecations
 from verl_safe_launch.audit.history import (
+    INSTALLED_SERIES,
     RELEASES,
     Move,
     generate_moves,
@@ -23,6 +24,7 @@ from verl_safe_launch.audit.upgrade import (
     current_key,
     default_changes,
     detect_release,
+    installed_defaults,
     moves_after,
     override_value,
     plan_upgrade,
@@ -37,6 +39,7 @@ __all__ = [
     "CANNOT_VERIFY",
     "HAND_MOVES",
     "IGNORED",
+    "INSTALLED_SERIES",
     "RELEASES",
     "STRATEGY_KEYS",
     "AuditContext",
@@ -55,6 +58,7 @@ __all__ = [
     "generated_moves",
     "history",
     "hydra_literal",
+    "installed_defaults",
     "last_release_with",
     "moves_after",
     "moves_json",

@@ -40,6 +40,10 @@ class Migration:
     command: str | None = None
 
 
+ENV_VARS = "ray_kwargs.ray_init.runtime_env.env_vars"
+"""Where a migrated script's exported variables go: the run's environment, which Ray gives every worker."""
+
+
 def plan_migration(launch: ScriptLaunch, composed: Composed, output: Path) -> Migration:
     """Split a composed launch into YAML entries and command-line tokens, with notes on what was left out."""
     cli = [t.text for t in launch.tokens if _stays_on_cli(t.text)]
@@ -57,6 +61,11 @@ def plan_migration(launch: ScriptLaunch, composed: Composed, output: Path) -> Mi
         earlier = entries.get(write.key)
         replaced = (*earlier.replaced, Write(write.key, earlier.value, earlier.source)) if earlier else ()
         entries[write.key] = Entry(write.key, write.value, write.source, replaced)
+    for export in launch.exports:
+        key = f"{ENV_VARS}.{export.name}"
+        if key not in entries and not any(k.startswith(ENV_VARS) for k in deleted):
+            raw = f"export {export.name}={export.value}"
+            entries[key] = Entry(key, export.value, Source(Layer.SCRIPT, launch.path, export.line, raw=raw))
     kept, moved = _representable(list(entries.values()), launch.path)
     cli += [f"{e.key}={hydra_literal(e.value)}" for e in moved]
     notes = _notes(launch, composed)

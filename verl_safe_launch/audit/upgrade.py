@@ -17,9 +17,10 @@ from verl_safe_launch.audit.history import (
     version,
 )
 from verl_safe_launch.audit.migrate import hydra_literal
+from verl_safe_launch.compose import compose
 from verl_safe_launch.config_view import ARR, format_value
 from verl_safe_launch.errors import UsageError
-from verl_safe_launch.inputs import OverrideToken
+from verl_safe_launch.inputs import ComposeRequest, OverrideToken
 
 _PROFILER = "profiling options were gathered in the global_profiler section"
 _RAY = "Ray's init options moved under ray_kwargs"
@@ -379,3 +380,9 @@ _WORDS = frozenset({"true", "false", "null", "True", "False", "None", "nan", "in
 
 def _interpolated(value: object) -> bool:
     return isinstance(value, str) and "${" in value
+
+
+def installed_defaults() -> dict[str, object]:
+    """The installed verl's defaults, flattened (what an upgraded or fixed launch is composed against)."""
+    view = compose(ComposeRequest()).view
+    return {key: view.get(key) for key in view.keys()}  # noqa: SIM118 (a view, not a dict)

@@ -8,7 +8,16 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from verl_safe_launch.audit import Migration, command_line, plan_migration, render_yaml
+from verl_safe_launch.audit import (
+    INSTALLED_SERIES,
+    Change,
+    Migration,
+    command_line,
+    installed_defaults,
+    plan_migration,
+    plan_upgrade,
+    render_yaml,
+)
 from verl_safe_launch.cli._common import make_parser, parse
 from verl_safe_launch.compose import compose
 from verl_safe_launch.config_view import ConfigView
@@ -53,6 +62,11 @@ def main(args: Sequence[str], offset: int) -> int:
     )
     parser.add_argument("--force", action="store_true", help="overwrite FILE.yaml if it exists")
     parser.add_argument("--launch", type=int, metavar="N", help="which launch of the script (1-based)")
+    parser.add_argument(
+        "--fix",
+        action="store_true",
+        help="write deprecated spellings the new way (global micro batch sizes become per-GPU sizes)",
+    )
     ns = parse(parser, args)
     output = _output(ns.output, ns.script)
     check_target(output, force=ns.force, inputs=[ns.script], where="-o/--output")
@@ -61,6 +75,10 @@ def main(args: Sequence[str], offset: int) -> int:
     if job.is_job:
         launches = read_script(ns.script, env=seeded_env(job.allocation.slurm_env()))
     launch = choose_launch(launches, ns.launch, ns.script)
+    fixes: tuple[Change, ...] = ()
+    if ns.fix:
+        fixed = plan_upgrade(launch.tokens, INSTALLED_SERIES, "--fix", installed_defaults())
+        launch, fixes = replace(launch, tokens=fixed.tokens), fixed.changes
     composed = compose(launch.request(lenient=True))
     migration = plan_migration(launch, composed, output)
     if job.is_job:
@@ -68,6 +86,10 @@ def main(args: Sequence[str], offset: int) -> int:
     inputs = [ns.script, *launch.config_files]
     write_atomic(output, render_yaml(migration), force=ns.force, inputs=inputs, where="-o/--output")
     print(command_line(migration))
+    for change in fixes:
+        print(
+            f"fixed: {change.key} -> {change.new_key} (line {change.line}): {change.detail}", file=sys.stderr
+        )
     for note in migration.notes:
         print(f"note: {note}", file=sys.stderr)
     print(f"note: {preflight_note(migration, output)}", file=sys.stderr)

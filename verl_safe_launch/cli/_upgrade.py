@@ -16,6 +16,7 @@ from verl_safe_launch.audit import (
     default_changes,
     detect_release,
     hydra_literal,
+    installed_defaults,
     plan_migration,
     plan_upgrade,
     render_yaml,
@@ -26,7 +27,7 @@ from verl_safe_launch.cli._migrate import choose_launch
 from verl_safe_launch.compose import compose
 from verl_safe_launch.errors import EXIT_OK, InputError, UsageError
 from verl_safe_launch.files import write_atomic
-from verl_safe_launch.inputs import ComposeRequest, OverrideToken, read_yaml
+from verl_safe_launch.inputs import OverrideToken, read_yaml
 from verl_safe_launch.provenance import Layer, Source
 from verl_safe_launch.shell import ScriptLaunch, read_script
 
@@ -64,7 +65,7 @@ def main(args: Sequence[str], offset: int) -> int:
     ns = parse(parser, args)
     path = Path(ns.launch_file)
     launch = _read(path, ns.launch)
-    installed = _installed_defaults()
+    installed = installed_defaults()
     keys = [token_key(t.text)[1] for t in launch.tokens]
     source, detected = (
         (ns.source, f"--from {ns.source}") if ns.source != "auto" else detect_release(keys, installed)
@@ -113,12 +114,6 @@ def _read(path: Path, wanted: int | None) -> ScriptLaunch:
         )
         return ScriptLaunch(str(path), 1, 1, tokens)
     return choose_launch(read_script(path), wanted, str(path))
-
-
-def _installed_defaults() -> dict[str, object]:
-    """The installed verl's defaults, flattened (what the upgraded launch is composed against)."""
-    view = compose(ComposeRequest()).view
-    return {key: view.get(key) for key in view.keys()}  # noqa: SIM118 (a view, not a dict)
 
 
 def _output(folder: Path, source: Path, force: bool) -> Path:

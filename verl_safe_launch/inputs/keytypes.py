@@ -16,6 +16,11 @@ TARGET = "_target_"
 _KINDS = frozenset({"int", "float", "bool", "str", "list"})
 
 
+PASSED_THROUGH = ("ray_kwargs.ray_init",)
+"""Nodes verl hands on whole: ``ray.init(**ray_kwargs.ray_init)`` takes any of Ray's keyword arguments, so a key
+such as ``ray_kwargs.ray_init.runtime_env.env_vars.NAME`` is read (by Ray) although verl's YAML does not list it."""
+
+
 @dataclass(frozen=True)
 class TypeSpec:
     """The expected kind of a value (int, float, bool, str or list) and whether null is allowed."""
@@ -112,7 +117,8 @@ def _facts(defaults: dict[str, object]) -> KeyFacts:
         if key not in types and key not in facts.unchecked and (spec := _value_type(value)):
             types[key] = spec
     mandatory = tuple(k for k, v in defaults.items() if v == "???")
-    return KeyFacts(defaults, types, facts.dc_only, mandatory, frozenset(facts.open_nodes), facts.backed)
+    open_nodes = frozenset({*facts.open_nodes, *PASSED_THROUGH})
+    return KeyFacts(defaults, types, facts.dc_only, mandatory, open_nodes, facts.backed)
 
 
 class _Collect:

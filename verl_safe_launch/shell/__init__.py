@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from verl_safe_launch.shell.expand import OPAQUE
-from verl_safe_launch.shell.launch import ScriptLaunch, ScriptNote, override_key, traced_launches
+from verl_safe_launch.shell.launch import Export, ScriptLaunch, ScriptNote, override_key, traced_launches
 from verl_safe_launch.shell.sbatch import (
     GPU_OPTIONS,
     SLURM_VERB_OPTIONS,
@@ -27,6 +27,7 @@ __all__ = [
     "Allocation",
     "Command",
     "Directive",
+    "Export",
     "JobScript",
     "ScriptLaunch",
     "ScriptNote",

@@ -49,6 +49,15 @@ class Passthrough:
 
 
 @dataclass(frozen=True)
+class Export:
+    """A variable the script exports before a launch, with the value it has there: the run's environment."""
+
+    name: str
+    value: str
+    line: int
+
+
+@dataclass(frozen=True)
 class ScriptLaunch:
     """One ``python -m verl.trainer.main_ppo`` launch in a script: its overrides, in order, with their lines."""
 
@@ -59,6 +68,8 @@ class ScriptLaunch:
     config_files: tuple[Path, ...] = ()
     passthrough: Passthrough | None = None
     notes: tuple[ScriptNote, ...] = ()
+    exports: tuple[Export, ...] = ()
+    """Exported variables with known values when the launch runs (``export VLLM_ATTENTION_BACKEND=...``)."""
 
     @property
     def label(self) -> str:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from verl_safe_launch.errors import InputError
 from verl_safe_launch.files import read_text_input
 from verl_safe_launch.shell.cases import Cases, Step
-from verl_safe_launch.shell.expand import Env, Expander, apply_assignments
-from verl_safe_launch.shell.launch import MODULE, LaunchBuilder, ScriptLaunch, ScriptNote, module_end
+from verl_safe_launch.shell.expand import OPAQUE, Env, Expander, Scalar, apply_assignments
+from verl_safe_launch.shell.launch import MODULE, Export, LaunchBuilder, ScriptLaunch, ScriptNote, module_end
 from verl_safe_launch.shell.words import (
     ArrayAssign,
     PartKind,
@@ -76,6 +77,7 @@ class _Reader:
         self.name = name
         self.env: Env = dict(env or {})
         self.notes: list[ScriptNote] = []
+        self.exported: dict[str, int] = {}
         self.depth = 0
         self.function_depth = 0
         self.launches: list[ScriptLaunch] = []
@@ -98,6 +100,8 @@ class _Reader:
         first = _literal(items[0])
         if first in _DECLARE:
             items = [i for i in items[1:] if not (_literal(i) or "").startswith("-")]
+            if first == "export":
+                self._exported(items)
             self._assign(items, declared=True)
             return
         if first == "unset":
@@ -112,6 +116,27 @@ class _Reader:
         rest = self._assign(items, declared=False)
         if rest:
             self._maybe_launch(rest)
+
+    def _exported(self, items: list[Word | ArrayAssign]) -> None:
+        for item in items:
+            if isinstance(item, Word) and item.parts and item.parts[0].kind is PartKind.LIT:
+                name = item.parts[0].text.partition("=")[0]
+                if name.isidentifier():
+                    self.exported.setdefault(name, item.line)
+
+    def _exports(self) -> tuple[Export, ...]:
+        """Exported variables whose value is known here (unknown ones are the environment's, not the script's)."""
+        out: list[Export] = []
+        for name, line in self.exported.items():
+            value = self.env.get(name)
+            if (
+                isinstance(value, Scalar)
+                and value.problem is None
+                and not value.tail
+                and OPAQUE not in value.text
+            ):
+                out.append(Export(name, value.text, line))
+        return tuple(out)
 
     def _in_function(self, items: list[Word | ArrayAssign], header: bool) -> bool:
         words = [_literal(i) for i in items]
@@ -162,7 +187,7 @@ class _Reader:
             return
         notes = [*self.notes, *(ScriptNote("env-default", n.line, n.raw, n.detail) for n in expander.notes)]
         launch = LaunchBuilder(self.name, len(self.launches) + 1, words[0].line, notes, self.depth > 0)
-        self.launches.append(launch.build(fields[start:]))
+        self.launches.append(replace(launch.build(fields[start:]), exports=self._exports()))
 
 
 def _literal(item: Word | ArrayAssign) -> str | None:
