@@ -95,6 +95,7 @@ def test_rayjob_validates_against_the_crd_and_provides_16_gpus(
     head = job["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
     assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "4Gi"}} in head["volumes"]
     assert head["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert "GiB each (host RAM estimate ~" in text  # the pods' memory comes from the host RAM estimate
 
 
 def test_the_schema_check_is_strict(validator: jsonschema.Draft7Validator) -> None:

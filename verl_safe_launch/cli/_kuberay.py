@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import shlex
 import sys
 from collections.abc import Sequence
@@ -9,6 +10,7 @@ from pathlib import Path
 
 from verl_safe_launch.cli._common import add_compose_args, make_parser, parse
 from verl_safe_launch.cli._slurm import compose_for_allocation
+from verl_safe_launch.context import RuleContext
 from verl_safe_launch.errors import EXIT_OK, EXIT_PREFLIGHT, InputError, UsageError
 from verl_safe_launch.files import write_atomic
 from verl_safe_launch.launch import (
@@ -20,6 +22,7 @@ from verl_safe_launch.launch import (
     parse_toleration,
     slurm,
 )
+from verl_safe_launch.memory import estimate_memory
 from verl_safe_launch.preflight import run_preflight
 from verl_safe_launch.render import render_findings_text
 
@@ -53,7 +56,11 @@ def main(args: Sequence[str], offset: int) -> int:
     parser.add_argument(
         "--toleration", action="append", default=[], metavar="KEY[=VALUE]:EFFECT", help="repeatable"
     )
-    parser.add_argument("--memory-gb", type=int, help="memory per GPU pod (default 16 + 32 per GPU)")
+    parser.add_argument(
+        "--memory-gb",
+        type=int,
+        help="memory per GPU pod (default: the host RAM estimate + 25%%, else 16 + 32 per GPU)",
+    )
     parser.add_argument("--ttl", type=int, default=600, metavar="SECONDS", help="ttlSecondsAfterFinished")
     parser.add_argument("--force", action="store_true", help="overwrite FILE.yaml")
     add_compose_args(parser)
@@ -74,7 +81,8 @@ def main(args: Sequence[str], offset: int) -> int:
         raise InputError(
             f"{ns.output} already exists", where="-o/--output", fix="pass --force to overwrite it"
         )
-    cpus, head, memory = kuberay.sized(node_need(composed.view), ns.nodes, ns.gpus_per_node, ns.memory_gb)
+    memory_gb, memory_why = _pod_memory(ns.memory_gb, pre.context)
+    cpus, head, memory = kuberay.sized(node_need(composed.view), ns.nodes, ns.gpus_per_node, memory_gb)
     spec = KubeRaySpec(
         name,
         ns.image,
@@ -95,9 +103,28 @@ def main(args: Sequence[str], offset: int) -> int:
     header = "# The verl config of a verl-safe-launch KubeRay job: every value set above verl's defaults.\n"
     text = kuberay.render(spec, header + body, extra)
     write_atomic(ns.output, text, force=ns.force, inputs=ns.config, where="-o/--output")
+    why = memory_why or (
+        f"the default of {kuberay.MEMORY_BASE_GB} GiB + {kuberay.MEMORY_PER_GPU_GB} GiB per GPU: no host RAM estimate"
+    )
     print(
         f"wrote {ns.output}: RayJob {name} with {ns.nodes} GPU pod(s) × {ns.gpus_per_node} GPUs "
-        f"({ns.nodes * ns.gpus_per_node} GPUs), {cpus} CPUs and {memory} GiB each, and ConfigMap {name}-config"
+        f"({ns.nodes * ns.gpus_per_node} GPUs), {cpus} CPUs and {memory} GiB each ({why}), "
+        f"and ConfigMap {name}-config"
     )
     print(f"apply with: kubectl apply -f {shlex.quote(str(ns.output))}", file=sys.stdout)
     return EXIT_OK
+
+
+HOST_HEADROOM = 1.25
+"""A pod's memory request over the host RAM estimate: the estimate's own band and what it leaves out."""
+
+
+def _pod_memory(given: int | None, context: RuleContext) -> tuple[int | None, str | None]:
+    """Memory per GPU pod: --memory-gb, else the per-node host RAM estimate plus headroom, else None (default)."""
+    if given is not None:
+        return given, "--memory-gb"
+    host = estimate_memory(context).host
+    if host is None or host.total <= 0:
+        return None, None
+    gib = math.ceil(host.total * HOST_HEADROOM)
+    return gib, f"host RAM estimate ~{host.total:.0f} GiB per node + {HOST_HEADROOM - 1:.0%}"
