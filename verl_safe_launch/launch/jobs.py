@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import shlex
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -11,6 +10,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from verl_safe_launch.errors import EXIT_LAUNCH, EXIT_OK, UsageError
+from verl_safe_launch.launch.deadline import within
 from verl_safe_launch.launch.nodes import NodeInfo, nodes_from_state
 
 CONNECT_TIMEOUT_S = 15.0
@@ -52,18 +52,14 @@ def job_address(flag: str | None, env: Mapping[str, str], configured: object) ->
 
 def with_deadline(fn: Callable[[], T], seconds: float, target: JobTarget, what: str) -> T:
     """Run a blocking call with a deadline; unreachable or refusing clusters become one clear usage error."""
-    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
-    future = pool.submit(fn)
     try:
-        return future.result(timeout=seconds)
-    except concurrent.futures.TimeoutError:
+        return within(fn, seconds)
+    except TimeoutError:
         raise _unreachable(target, what, f"no answer within {seconds:g} s") from None
     except Exception as exc:
         raise _unreachable(
             target, what, str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         ) from None
-    finally:
-        pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _unreachable(target: JobTarget, what: str, detail: str) -> UsageError:

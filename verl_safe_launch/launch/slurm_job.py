@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -12,6 +11,7 @@ from typing import Any
 from verl_safe_launch.config_view import ConfigView
 from verl_safe_launch.errors import LaunchError, UsageError
 from verl_safe_launch.inputs import GPU_KEYS, HardwareProfile
+from verl_safe_launch.launch.deadline import within
 
 POLL_S = 1.0
 
@@ -114,22 +114,20 @@ def ray_node_lister(address: str, timeout_s: float = 60.0) -> Callable[[], list[
             where="command line (--address)",
             fix="e.g. --address 10.0.0.1:6379",
         )
-    outcome: list[BaseException | None] = []
-    thread = threading.Thread(target=_ray_init, args=(address, outcome), daemon=True)
-    thread.start()
-    thread.join(timeout_s)
-    if not outcome:
+    try:
+        within(lambda: _ray_init(address), timeout_s)
+    except TimeoutError:
         raise LaunchError(
             f"cannot reach the job's Ray head at {address} within {timeout_s:g} s",
             where="RAY_ADDRESS of the job",
             fix="see ray-head-<host>.log in the job's log directory",
-        )
-    if outcome[0] is not None:
+        ) from None
+    except Exception as exc:
         raise LaunchError(
-            f"cannot reach the job's Ray head at {address}: {outcome[0]}",
+            f"cannot reach the job's Ray head at {address}: {exc}",
             where="RAY_ADDRESS of the job",
             fix="see ray-head-<host>.log in the job's log directory",
-        )
+        ) from None
 
     import ray
 
@@ -139,17 +137,12 @@ def ray_node_lister(address: str, timeout_s: float = 60.0) -> Callable[[], list[
     return list_nodes
 
 
-def _ray_init(address: str, outcome: list[BaseException | None]) -> None:
+def _ray_init(address: str) -> None:
     import logging
 
     import ray
 
-    try:
-        ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
-    except Exception as exc:
-        outcome.append(exc)
-    else:
-        outcome.append(None)
+    ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
 
 
 def _node(info: Mapping[str, Any]) -> RayNode:
