@@ -25,8 +25,8 @@ from verl_safe_launch.audit import (
 from verl_safe_launch.cli._common import add_format_arg, make_parser, parse, print_json
 from verl_safe_launch.cli._migrate import choose_launch
 from verl_safe_launch.compose import compose
-from verl_safe_launch.errors import EXIT_OK, InputError, UsageError
-from verl_safe_launch.files import write_atomic
+from verl_safe_launch.errors import EXIT_OK
+from verl_safe_launch.files import check_target, ensure_directory, write_atomic
 from verl_safe_launch.inputs import OverrideToken, read_yaml
 from verl_safe_launch.provenance import Layer, Source
 from verl_safe_launch.shell import ScriptLaunch, read_script
@@ -117,21 +117,10 @@ def _read(path: Path, wanted: int | None) -> ScriptLaunch:
 
 
 def _output(folder: Path, source: Path, force: bool) -> Path:
-    if folder.exists() and not folder.is_dir():
-        raise UsageError(
-            f"{folder} is not a folder", where="-o/--output", fix="name a folder for the upgraded YAML"
-        )
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise InputError(f"cannot create {folder}: {exc.strerror or exc}", where="-o/--output") from None
+    """DIR/NAME.yaml, DIR created when missing; never the input itself, never an existing file without --force."""
+    ensure_directory(folder, where="-o/--output")
     target = folder / f"{source.stem}.yaml"
-    if target.resolve() == source.resolve():
-        raise UsageError(
-            f"{target} is the file being upgraded", where="-o/--output", fix="choose another folder"
-        )
-    if target.exists() and not force:
-        raise InputError(f"{target} already exists", where="-o/--output", fix="pass --force to overwrite it")
+    check_target(target, force=force, inputs=[source], where="-o/--output")
     return target
 
 
