@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from verl_safe_launch.cli import main
 
@@ -17,6 +18,23 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "launch_examples"
 DATA = Path(__file__).resolve().parent / "data"
 GOLDEN = Path(__file__).resolve().parent / "golden"
+
+# Property tests: deterministic by default ("ci": a fixed derandomized search, no example database, so a run
+# passes or fails the same way on every machine); VSL_HYPOTHESIS_PROFILE=fuzz explores freely for offline fuzzing,
+# with random seeds, an example database under .hypothesis/ and FUZZ_FACTOR times the examples. A failure found
+# while fuzzing is kept as an ``@example`` on its test, so the deterministic run checks it from then on.
+FUZZ_FACTOR = 10
+settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
+settings.register_profile("fuzz", derandomize=False, print_blob=True)
+PROFILE = os.environ.get("VSL_HYPOTHESIS_PROFILE", "ci")
+if PROFILE not in ("ci", "fuzz"):
+    raise pytest.UsageError(f"VSL_HYPOTHESIS_PROFILE={PROFILE!r}: use 'ci' (the default) or 'fuzz'")
+settings.load_profile(PROFILE)
+
+
+def examples(count: int) -> int:
+    """How many examples a property test draws: ``count`` in CI, FUZZ_FACTOR times more when fuzzing."""
+    return count * FUZZ_FACTOR if PROFILE == "fuzz" else count
 
 
 @dataclass

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import make_tiny_model
+from conftest import examples, make_tiny_model
 from hypothesis import HealthCheck, Phase, given, settings
 from verl_oracle import Tally, configs, judge, verl_verdict, with_models
 
@@ -37,7 +37,7 @@ def test_tiny_model_loads_in_verls_critic_path(model: Path) -> None:
 
 
 @settings(
-    max_examples=40,
+    max_examples=examples(40),
     deadline=None,
     phases=[Phase.generate, Phase.shrink],
     database=None,

@@ -8,6 +8,7 @@ import os
 import tempfile
 from pathlib import Path
 
+from conftest import examples
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -73,7 +74,7 @@ def _present(folder: Path) -> set[str]:
     return {name for name in WRITTEN if (folder / name).exists()}
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(20), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(VERBS, st.lists(OVERRIDE, max_size=3), YAML_TEXT, SCRIPT)
 def test_verbs_never_crash_and_write_only_where_told(
     verb: str, overrides: list[str], yaml_text: str, script: str

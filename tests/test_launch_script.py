@@ -6,7 +6,7 @@ import shlex
 from pathlib import Path
 
 import pytest
-from conftest import DATA
+from conftest import DATA, examples
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -336,7 +336,7 @@ def _render(key: str, value: str, style: str, index: int) -> tuple[str, str]:
     return shlex.quote(f"{key}={value}"), ""
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.tuples(KEYS, VALUES, LAYOUT), min_size=1, max_size=8), st.booleans())
 def test_layouts_give_the_same_overrides(items: list[tuple[str, str, tuple[str, bool]]], tail: bool) -> None:
     words: list[str] = []
@@ -352,7 +352,7 @@ def test_layouts_give_the_same_overrides(items: list[tuple[str, str, tuple[str, 
     assert (launch.passthrough is not None) == tail
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.binary(max_size=300))
 def test_random_bytes_never_traceback(tmp_path_factory: pytest.TempPathFactory, data: bytes) -> None:
     path = tmp_path_factory.mktemp("bytes") / "x.sh"
@@ -363,7 +363,7 @@ def test_random_bytes_never_traceback(tmp_path_factory: pytest.TempPathFactory, 
         assert exc.render().startswith("error: ")
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.text(alphabet="ab=$@'\"\\{}()[]#;&|<>`\n -.:", max_size=120))
 def test_random_shell_text_never_traceback(text: str) -> None:
     try:

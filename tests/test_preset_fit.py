@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
+from conftest import examples
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -29,7 +30,11 @@ def _errors(*tokens: str) -> dict[str, str]:
     return {f.rule_id: f.message for f in preflight.findings if f.severity is Severity.ERROR}
 
 
-@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=examples(EXAMPLES),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
 @given(
     preset=st.sampled_from(["auto", "small", "medium", "cluster"]),
     model=st.sampled_from(MODELS),

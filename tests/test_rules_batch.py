@@ -6,6 +6,7 @@ import functools
 from typing import NamedTuple
 
 import pytest
+from conftest import examples
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from recompose import recompose
@@ -682,7 +683,7 @@ BATCH_KEYS = st.fixed_dictionaries(
 )
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(15), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(BATCH_KEYS)
 def test_first_fix_makes_the_rule_pass_for_generated_configs(values: dict[str, object]) -> None:
     overrides = [f"{k}={v}" for k, v in values.items()]

@@ -57,6 +57,10 @@ def cluster() -> Iterator[str]:
         for name in [k for k in os.environ if k.startswith(("RAY_", "VSL_"))]:
             mp.delenv(name)
         mp.setenv("HOME", str(temp / "home"))  # no ~/.ray token: Ray's default (no auth) for this cluster
+        # Cluster() writes the head's address to RAY_TMPDIR/ray/ray_current_cluster (by default under /tmp/ray,
+        # which exists only where Ray ran before): keep it, and every raylet's session, in this test's own dir.
+        mp.setenv("RAY_TMPDIR", str(temp))
+        (temp / "ray").mkdir()
         mp.setenv(
             "PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
         )  # the job's python
