@@ -44,7 +44,9 @@ def _readme_main_job() -> list[str]:
 def test_readme_after_line_is_go_as_written(cli: Callable[..., CliResult]) -> None:
     readme = (ROOT / "README.md").read_text()
     match = re.search(
-        r"^The same run with verl-safe-launch.*?\n```bash\nverl-safe-launch (.*?)\n```", readme, re.M | re.S
+        r"^The same run with verl-safe-launch.*?\n```bash\n\.venv/bin/verl-safe-launch (.*?)\n```",
+        readme,
+        re.M | re.S,
     )
     assert match, "the README's 'after' command line is missing"
     args = [a.replace("launch_examples/", f"{EXAMPLES}/") for a in match.group(1).split()]

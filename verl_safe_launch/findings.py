@@ -33,7 +33,7 @@ class Finding:
     sources: tuple[tuple[str, object, Source], ...] = field(default=())
 
     def to_json(self) -> dict[str, object]:
-        """Stable JSON form (see README, 'JSON schema')."""
+        """Stable JSON form (see docs/concepts/findings.md, 'JSON reports')."""
         return {
             "rule_id": self.rule_id,
             "severity": self.severity.value,

@@ -242,7 +242,7 @@ def render_audit_text(results: list[ScriptAudit]) -> str:
 
 
 def audit_json(results: list[ScriptAudit]) -> dict[str, object]:
-    """The stable JSON report of an audit: the verdict over every launch, then each script (see README)."""
+    """The stable JSON report of an audit (docs/concepts/findings.md): the verdict, then each script."""
     everything = [f for r in results for launch in r.launches for f in launch.findings]
     unread = sum(item.unread for r in results for item in r.launches)
     fields = {"scripts": [_script_json(r) for r in results]}
