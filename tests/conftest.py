@@ -5,7 +5,7 @@ from __future__ import annotations
 import difflib
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +35,16 @@ settings.load_profile(PROFILE)
 def examples(count: int) -> int:
     """How many examples a property test draws: ``count`` in CI, FUZZ_FACTOR times more when fuzzing."""
     return count * FUZZ_FACTOR if PROFILE == "fuzz" else count
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _caches_in_test_dirs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Caches that torch writes to TMPDIR or HOME by default (inductor's, triton's) go to this run's own dir."""
+    with pytest.MonkeyPatch.context() as mp:
+        caches = tmp_path_factory.mktemp("caches")
+        mp.setenv("TORCHINDUCTOR_CACHE_DIR", str(caches / "torchinductor"))
+        mp.setenv("TRITON_CACHE_DIR", str(caches / "triton"))
+        yield
 
 
 @dataclass

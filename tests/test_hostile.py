@@ -465,7 +465,13 @@ def test_ctrl_c_exits_130_with_one_line() -> None:
         stderr=subprocess.PIPE,
         text=True,
     )
-    time.sleep(5)  # connecting to an address nobody answers (TEST-NET-1)
+    # Interrupt once it is connecting to an address nobody answers (TEST-NET-1): Ray's extension is loaded. A
+    # fixed sleep raced a slow start on a loaded machine.
+    deadline = time.monotonic() + 120
+    while "_raylet" not in Path(f"/proc/{proc.pid}/maps").read_text() and time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.2)
+    time.sleep(1)
     proc.send_signal(signal.SIGINT)
     _out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130

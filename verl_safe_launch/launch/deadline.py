@@ -12,7 +12,8 @@ T = TypeVar("T")
 def within(fn: Callable[[], T], seconds: float) -> T:
     """``fn()`` in a daemon thread: its result, its exception re-raised, or TimeoutError at the deadline.
 
-    At the deadline the thread is abandoned; being a daemon, it never holds up the process's exit.
+    At the deadline the thread is abandoned; being a daemon, it never holds up the process's exit. Import what
+    ``fn`` needs before calling: an abandoned thread that is still importing holds the import lock.
     """
     box: list[tuple[bool, object]] = []
 

@@ -114,6 +114,10 @@ def ray_node_lister(address: str, timeout_s: float = 60.0) -> Callable[[], list[
             where="command line (--address)",
             fix="e.g. --address 10.0.0.1:6379",
         )
+    # Import here, not in the thread: an import the thread is still doing when Ctrl-C ends the main thread holds
+    # the import lock, and the interpreter's exit then waits on it for ever.
+    import ray
+
     try:
         within(lambda: _ray_init(address), timeout_s)
     except TimeoutError:
@@ -128,8 +132,6 @@ def ray_node_lister(address: str, timeout_s: float = 60.0) -> Callable[[], list[
             where="RAY_ADDRESS of the job",
             fix="see ray-head-<host>.log in the job's log directory",
         ) from None
-
-    import ray
 
     def list_nodes() -> list[RayNode]:
         return [_node(info) for info in ray.nodes()]  # type: ignore[no-untyped-call]
