@@ -1,0 +1,151 @@
+"""``--trace`` runs a hostile script contained: nothing it starts survives, it sees no secret, output is capped."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, CliResult
+
+from verl_safe_launch.shell import contain, trace_script, traced_launches
+
+LAUNCH = "python3 -m verl.trainer.main_ppo"
+
+
+@pytest.fixture(params=["namespaces", "session"])
+def mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[str]:
+    """Each test under the strongest containment here, and under the fallback every machine has."""
+    if request.param == "namespaces" and not contain.containment().namespaces:
+        pytest.skip("this machine refuses namespaces (unshare)")
+    if request.param == "session":
+        monkeypatch.setattr(contain, "containment", lambda: contain.Containment((), namespaces=False))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    yield request.param
+    assert list((tmp_path / "tmp").iterdir()) == []  # the trace's directory is always removed
+
+
+def alive(marker: str) -> list[int]:
+    """Processes whose command line holds ``marker`` (a sleep with an unusual duration)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            words = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if marker.encode() in words:
+            found.append(int(entry.name))
+    return found
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    script = tmp_path / "run.sh"
+    script.write_text(text)
+    return script
+
+
+def test_every_process_the_script_started_is_killed(mode: str, tmp_path: Path) -> None:
+    script = write(
+        tmp_path,
+        "sleep 3001 &\nsetsid sleep 3002 &\nnohup sleep 3003 >/dev/null 2>&1 &\n"
+        "(setsid sh -c 'sleep 3004 &' &)\nsleep 3005 >&2 &\n"  # the last one holds the captured stderr
+        f"{LAUNCH} a=1\n",
+    )
+    trace = trace_script(script, timeout=120)
+    assert [call[-1] for call in trace.calls] == ["a=1"]  # returned when bash did, not at the timeout
+    assert all(alive(f"300{i}") == [] for i in range(1, 6))
+
+
+def test_a_script_that_kills_its_parent_leaves_nothing_behind(mode: str, tmp_path: Path) -> None:
+    script = write(tmp_path, f"sleep 3011 &\n{LAUNCH} a=1\nkill -9 $PPID\nsleep 1\n")
+    trace_script(script, timeout=60)
+    assert alive("3011") == []
+
+
+def test_the_timeout_kills_everything_and_removes_the_directory(mode: str, tmp_path: Path) -> None:
+    script = write(tmp_path, "sleep 3021 &\nsetsid sleep 3022 &\nwhile :; do :; done\n")
+    with pytest.raises(Exception, match="did not finish within 1 s under --trace"):
+        trace_script(script, timeout=1)
+    assert alive("3021") == [] and alive("3022") == []
+
+
+def test_the_launchers_environment_is_out_of_reach(
+    mode: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("VSL_TEST_SECRET", "s3cr3t-value")
+    script = write(
+        tmp_path,
+        f"{LAUNCH} \"parent=$(tr '\\0' ' ' < /proc/$PPID/environ)\" \"self=$(env)\"\n"
+        f"{LAUNCH} \"all=$(cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' ' ')\"\n",
+    )
+    first, everyone = trace_script(script).calls
+    assert "s3cr3t" not in " ".join(first)
+    assert first[-2].startswith("parent=") and "VSL_TRACE_FILE" in first[-2]  # it did read its parent
+    if mode == "namespaces":  # a fresh /proc: the launcher is not there to read
+        assert "s3cr3t" not in " ".join(everyone)
+
+
+def test_writes_outside_its_directory_are_refused_in_namespaces(mode: str, tmp_path: Path) -> None:
+    outside = tmp_path / "escaped"
+    script = write(tmp_path, f'echo x > {outside}\n: > inside\n{LAUNCH} "a=$(ls)"\n')
+    (call,) = trace_script(script).calls
+    assert call[-1] == "a=inside"
+    assert outside.exists() == (mode == "session")
+
+
+def test_output_is_capped_in_memory(tmp_path: Path) -> None:
+    """400 MB on stdout and on stderr: the launcher's peak memory stays far below it, the tail is kept."""
+    script = write(
+        tmp_path,
+        "head -c 400000000 /dev/zero\nhead -c 400000000 /dev/zero | tr '\\0' x >&2\necho >&2; echo last >&2\n"
+        f"{LAUNCH} a=1\n",
+    )
+    probe = (
+        "import json, resource, sys\nfrom verl_safe_launch.shell import trace_script\n"
+        "t = trace_script(__import__('pathlib').Path(sys.argv[1]), timeout=300)\n"
+        "print(json.dumps([len(t.stderr), t.stderr.splitlines()[-1], len(t.calls),"
+        " resource.getrusage(resource.RUSAGE_SELF).ru_maxrss]))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-c", probe, str(script)], capture_output=True, text=True, env=env, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    kept, last, calls, peak_kib = json.loads(done.stdout)
+    assert (kept, last, calls) == (contain.OUTPUT_TAIL, "last", 1)
+    assert peak_kib < 150 * 1024
+
+
+def test_a_file_the_script_writes_is_capped(mode: str, tmp_path: Path) -> None:
+    script = write(tmp_path, f'head -c 100000000 /dev/zero > big\n{LAUNCH} "a=$(stat -c %s big)"\n')
+    (call,) = trace_script(script).calls
+    assert call[-1] == f"a={contain.FILE_LIMIT}"
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "1e9", "-1", "0"])
+def test_a_timeout_that_is_not_a_number_of_seconds_is_exit_2(
+    value: str, cli: Callable[..., CliResult], tmp_path: Path
+) -> None:
+    script = write(tmp_path, f"{LAUNCH} a=1\n")
+    result = cli("audit", "--trace", f"--timeout={value}", str(script))
+    assert result.code == 2
+    assert "is not a number of seconds from 0 to 3600" in result.err
+    assert "Traceback" not in result.err
+
+
+def test_audit_says_how_the_script_was_contained(cli: Callable[..., CliResult], tmp_path: Path) -> None:
+    script = write(tmp_path, f"{LAUNCH} algorithm.adv_estimator=grpo\n")
+    result = cli("audit", "--trace", str(script))
+    box = contain.containment()
+    assert f"{script}: contained: " in result.err
+    assert ("namespaces (all killed at the end)" in result.err) == box.namespaces
+    assert (
+        traced_launches(str(script), trace_script(script).calls)[0].tokens[0].text
+        == "algorithm.adv_estimator=grpo"
+    )
