@@ -39,7 +39,7 @@ from verl_safe_launch.launch.nodes import (
     nodes_from_state,
 )
 from verl_safe_launch.launch.oom_doctor import Diagnosis, Remedy, diagnose, diagnosis_json, render_diagnosis
-from verl_safe_launch.launch.oom_log import OomEvent, find_ooms, scan_lines
+from verl_safe_launch.launch.oom_log import MAX_EVENTS, OomEvent, find_ooms, scan_lines
 from verl_safe_launch.launch.placement import bundles, probe_placement
 from verl_safe_launch.launch.plan import (
     LaunchBlocked,
@@ -110,6 +110,7 @@ __all__ = [
     "BRINGUP_RULES",
     "JOB_CONFIG",
     "JOB_FILE",
+    "MAX_EVENTS",
     "NEW_TOKEN",
     "NO_CUDA_FIX",
     "NO_CUDA_NOTE",
