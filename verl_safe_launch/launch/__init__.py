@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from verl_safe_launch.launch.answers import MAX_ANSWER_BYTES, AnswerTooLong, capped_answers
 from verl_safe_launch.launch.hook_stages import STAGE_BY_NAME
 from verl_safe_launch.launch.hooks import (
     NO_CUDA_NOTE,
@@ -110,6 +111,7 @@ __all__ = [
     "BRINGUP_RULES",
     "JOB_CONFIG",
     "JOB_FILE",
+    "MAX_ANSWER_BYTES",
     "MAX_EVENTS",
     "NEW_TOKEN",
     "NO_CUDA_FIX",
@@ -121,6 +123,7 @@ __all__ = [
     "STAGE_BY_NAME",
     "USER_SETUP_HOOK_ENV",
     "WORKERS_FILE",
+    "AnswerTooLong",
     "AuthMismatch",
     "BringupContext",
     "Container",
@@ -146,6 +149,7 @@ __all__ = [
     "blocking",
     "bringup_findings",
     "bundles",
+    "capped_answers",
     "cause_line",
     "check_cpus",
     "check_gpus",
