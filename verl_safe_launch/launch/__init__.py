@@ -28,7 +28,13 @@ from verl_safe_launch.launch.jobs import (
     status_name,
     wait,
 )
-from verl_safe_launch.launch.kuberay import KubeRaySpec, check_name, parse_selector, parse_toleration
+from verl_safe_launch.launch.kuberay import (
+    KubeRaySpec,
+    check_name,
+    check_reference,
+    parse_selector,
+    parse_toleration,
+)
 from verl_safe_launch.launch.nodes import (
     NodeInfo,
     NodeNeed,
@@ -154,6 +160,7 @@ __all__ = [
     "check_cpus",
     "check_gpus",
     "check_name",
+    "check_reference",
     "client",
     "cluster_nodes",
     "config_digest",
