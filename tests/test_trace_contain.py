@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -149,3 +150,51 @@ def test_audit_says_how_the_script_was_contained(cli: Callable[..., CliResult], 
         traced_launches(str(script), trace_script(script).calls)[0].tokens[0].text
         == "algorithm.adv_estimator=grpo"
     )
+
+
+def unprivileged_python() -> list[str] | None:
+    """A command running Python as a user without root's right to read any process, able to import this
+    package: this user's own Python, or (as root) the system Python under ``setpriv`` as nobody."""
+    if os.geteuid() != 0:
+        return [sys.executable]
+    setpriv, python = shutil.which("setpriv"), "/usr/bin/python3"
+    if setpriv is None or not os.access(python, os.X_OK):
+        return None
+    command = [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", python]
+    probe = subprocess.run(
+        [*command, "-c", "import verl_safe_launch.shell"],
+        env={"PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        check=False,
+    )
+    return command if probe.returncode == 0 else None
+
+
+def test_without_namespaces_the_launchers_environment_is_not_readable_through_proc() -> None:
+    """The fallback: the script can find the launcher (its grandparent) in /proc, but not read its environment."""
+    python = unprivileged_python()
+    if python is None:
+        pytest.skip("no unprivileged Python that can import this package")
+    folder = Path(tempfile.mkdtemp(prefix="vsl-test-"))
+    try:
+        folder.chmod(0o755)
+        script = folder / "run.sh"
+        script.write_text(
+            'launcher=$(cut -d" " -f4 /proc/$PPID/stat)\n'
+            f'{LAUNCH} "pid=$launcher" "env=$(tr "\\0" " " < /proc/$launcher/environ)"\n'
+        )
+        script.chmod(0o644)
+        probe = (
+            "import sys\nfrom pathlib import Path\nfrom verl_safe_launch.shell import contain, trace_script\n"
+            "contain.containment = lambda: contain.Containment((), namespaces=False)\n"
+            "print(trace_script(Path(sys.argv[1])).calls[0][-2:])\n"
+        )
+        env = {"PYTHONPATH": str(ROOT), "VSL_TEST_SECRET": "s3cr3t-value", "PATH": "/usr/bin:/bin"}
+        done = subprocess.run(
+            [*python, "-c", probe, str(script)], env=env, capture_output=True, text=True, timeout=120
+        )
+    finally:
+        shutil.rmtree(folder)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "pid=" in done.stdout and "pid=0" not in done.stdout and "pid=')" not in done.stdout
+    assert "s3cr3t" not in done.stdout

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import functools
 import io
 import json
@@ -16,7 +17,7 @@ import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +32,8 @@ GRACE_S = 5.0
 _INIT = Path(__file__).with_name("trace_init.py")
 _NAMESPACES = ("--mount", "--pid", "--fork", "--mount-proc", "--net", "--ipc", "--uts", "--kill-child")
 _USER = ("--user", "--map-root-user")
+_PR_GET_DUMPABLE = 3
+_PR_SET_DUMPABLE = 4
 
 
 @dataclass(frozen=True)
@@ -45,7 +48,8 @@ class Containment:
         if not self.namespaces:
             return (
                 "contained: own session, process group and subreaper (all killed at the end), empty environment, "
-                f"output and file sizes capped; no namespaces (unshare is {'refused' if shutil.which('unshare') else 'missing'}): "
+                "launcher non-dumpable, output and file sizes capped; no namespaces "
+                f"(unshare is {'refused' if shutil.which('unshare') else 'missing'}): "
                 "the file system, the network and other processes are reachable"
             )
         user = "user, " if _USER[0] in self.prefix else ""
@@ -137,15 +141,30 @@ def run_contained(
     )
     assert isinstance(proc.stderr, io.BufferedReader)
     tail = _Tail(proc.stderr, OUTPUT_TAIL)
-    finished = _exited(proc.pid, time.monotonic() + timeout)
-    if not finished:  # the first process kills what the script started, then exits
-        _signal_group(proc.pid, signal.SIGTERM)
-        _exited(proc.pid, time.monotonic() + GRACE_S)
+    with _undumpable():
+        finished = _exited(proc.pid, time.monotonic() + timeout)
+        if not finished:  # the first process kills what the script started, then exits
+            _signal_group(proc.pid, signal.SIGTERM)
+            _exited(proc.pid, time.monotonic() + GRACE_S)
     _signal_group(proc.pid, signal.SIGKILL)  # the leader is not reaped yet: its group id is still its own
     code = proc.wait()
     if not finished:
         return None
     return Finished(code, tail.text(), box.describe(_report(root)))
+
+
+@contextlib.contextmanager
+def _undumpable() -> Iterator[None]:
+    """While the script runs, this process's ``/proc`` entries (its environment, its memory) are readable only
+    by root: a script running as the same, non-root user cannot read the launcher's environment through them."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    before = libc.prctl(_PR_GET_DUMPABLE, 0, 0, 0, 0)
+    libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+    try:
+        yield
+    finally:
+        if before > 0:
+            libc.prctl(_PR_SET_DUMPABLE, before, 0, 0, 0)
 
 
 def _exited(pid: int, deadline: float) -> bool:
