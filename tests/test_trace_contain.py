@@ -17,6 +17,8 @@ from conftest import ROOT, CliResult
 from verl_safe_launch.shell import contain, trace_script, traced_launches
 
 LAUNCH = "python3 -m verl.trainer.main_ppo"
+BASE = 100_000 + os.getpid() % 100_000 * 10
+"""Sleep durations no other process on this machine uses: how the test finds what the script left behind."""
 
 
 @pytest.fixture(params=["namespaces", "session"])
@@ -54,26 +56,26 @@ def write(tmp_path: Path, text: str) -> Path:
 def test_every_process_the_script_started_is_killed(mode: str, tmp_path: Path) -> None:
     script = write(
         tmp_path,
-        "sleep 3001 &\nsetsid sleep 3002 &\nnohup sleep 3003 >/dev/null 2>&1 &\n"
-        "(setsid sh -c 'sleep 3004 &' &)\nsleep 3005 >&2 &\n"  # the last one holds the captured stderr
+        f"sleep {BASE + 1} &\nsetsid sleep {BASE + 2} &\nnohup sleep {BASE + 3} >/dev/null 2>&1 &\n"
+        f"(setsid sh -c 'sleep {BASE + 4} &' &)\nsleep {BASE + 5} >&2 &\n"  # the last one holds the captured stderr
         f"{LAUNCH} a=1\n",
     )
     trace = trace_script(script, timeout=120)
     assert [call[-1] for call in trace.calls] == ["a=1"]  # returned when bash did, not at the timeout
-    assert all(alive(f"300{i}") == [] for i in range(1, 6))
+    assert all(alive(str(BASE + i)) == [] for i in range(1, 6))
 
 
 def test_a_script_that_kills_its_parent_leaves_nothing_behind(mode: str, tmp_path: Path) -> None:
-    script = write(tmp_path, f"sleep 3011 &\n{LAUNCH} a=1\nkill -9 $PPID\nsleep 1\n")
+    script = write(tmp_path, f"sleep {BASE + 6} &\n{LAUNCH} a=1\nkill -9 $PPID\nsleep 1\n")
     trace_script(script, timeout=60)
-    assert alive("3011") == []
+    assert alive(str(BASE + 6)) == []
 
 
 def test_the_timeout_kills_everything_and_removes_the_directory(mode: str, tmp_path: Path) -> None:
-    script = write(tmp_path, "sleep 3021 &\nsetsid sleep 3022 &\nwhile :; do :; done\n")
+    script = write(tmp_path, f"sleep {BASE + 7} &\nsetsid sleep {BASE + 8} &\nwhile :; do :; done\n")
     with pytest.raises(Exception, match="did not finish within 1 s under --trace"):
         trace_script(script, timeout=1)
-    assert alive("3021") == [] and alive("3022") == []
+    assert alive(str(BASE + 7)) == [] and alive(str(BASE + 8)) == []
 
 
 def test_the_launchers_environment_is_out_of_reach(
