@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -200,3 +202,27 @@ def test_without_namespaces_the_launchers_environment_is_not_readable_through_pr
     assert done.returncode == 0, done.stderr[-2000:]
     assert "pid=" in done.stdout and "pid=0" not in done.stdout and "pid=')" not in done.stdout
     assert "s3cr3t" not in done.stdout
+
+
+@pytest.mark.parametrize("session", [False, True], ids=["strongest", "session"])
+def test_ctrl_c_on_the_launcher_kills_the_script_and_all_it_started(session: bool, tmp_path: Path) -> None:
+    """The script has its own session (the terminal's Ctrl-C never reaches it): the launcher ends it on the way out."""
+    script = write(
+        tmp_path, f"sleep {BASE + 9} &\nsetsid sleep {BASE + 10} &\necho started >&2\nsleep {BASE + 11}\n"
+    )
+    probe = (
+        "import sys\nfrom pathlib import Path\nfrom verl_safe_launch.shell import contain, trace_script\n"
+        "if sys.argv[2] == '1':\n    contain.containment = lambda: contain.Containment((), namespaces=False)\n"
+        "trace_script(Path(sys.argv[1]), timeout=600)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, "-c", probe, str(script), "1" if session else "0"]
+    with subprocess.Popen(command, env=env, stderr=subprocess.DEVNULL) as launcher:
+        for _ in range(500):
+            if alive(str(BASE + 11)):
+                break
+            time.sleep(0.02)
+        assert alive(str(BASE + 11)), "the script never started"
+        launcher.send_signal(signal.SIGINT)
+        launcher.wait(timeout=60)
+    assert [alive(str(BASE + i)) for i in (9, 10, 11)] == [[], [], []]

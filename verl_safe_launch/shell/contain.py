@@ -141,13 +141,16 @@ def run_contained(
     )
     assert isinstance(proc.stderr, io.BufferedReader)
     tail = _Tail(proc.stderr, OUTPUT_TAIL)
+    finished = False
     with _undumpable():
-        finished = _exited(proc.pid, time.monotonic() + timeout)
-        if not finished:  # the first process kills what the script started, then exits
-            _signal_group(proc.pid, signal.SIGTERM)
-            _exited(proc.pid, time.monotonic() + GRACE_S)
-    _signal_group(proc.pid, signal.SIGKILL)  # the leader is not reaped yet: its group id is still its own
-    code = proc.wait()
+        try:
+            finished = _exited(proc.pid, time.monotonic() + timeout)
+        finally:  # also on Ctrl-C: the script's session does not get the terminal's signals
+            if not finished:  # the first process kills what the script started, then exits
+                _signal_group(proc.pid, signal.SIGTERM)
+                _exited(proc.pid, time.monotonic() + GRACE_S)
+            _signal_group(proc.pid, signal.SIGKILL)  # the leader is not reaped yet: its group id is its own
+            code = proc.wait()
     if not finished:
         return None
     return Finished(code, tail.text(), box.describe(_report(root)))
