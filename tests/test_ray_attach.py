@@ -15,7 +15,6 @@ from conftest import EXAMPLES
 from verl_safe_launch.errors import UsageError
 from verl_safe_launch.launch.verl_handoff import attach_timeout
 
-pytestmark = pytest.mark.slow
 DEAD = "127.0.0.1:1"
 
 
@@ -26,6 +25,7 @@ def launcher(tmp_path: Path, timeout: str) -> tuple[list[str], dict[str, str]]:
     return [*command, "-c", str(EXAMPLES / "grpo_6gpu.yaml"), "--run-dir", str(tmp_path / "run")], env
 
 
+@pytest.mark.slow
 def test_an_address_that_never_answers_is_a_usage_error_at_the_deadline(tmp_path: Path) -> None:
     command, env = launcher(tmp_path, "3")
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
@@ -34,6 +34,7 @@ def test_an_address_that_never_answers_is_a_usage_error_at_the_deadline(tmp_path
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_sigterm_ends_an_attach_that_is_still_waiting(tmp_path: Path) -> None:
     command, env = launcher(tmp_path, "600")
     with subprocess.Popen(
