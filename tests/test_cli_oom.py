@@ -164,3 +164,40 @@ def test_run_directory_config_is_used_when_no_config_is_given(
     assert data["knob_value"] == 40 and data["notes"][0].startswith(f"config: {tmp_path / 'config.yaml'}")
     bare = json.loads(cli("oom", str(LOGS / "legacy_update_actor.log"), "--format", "json").out)
     assert bare["notes"][0].startswith("no config given (-c FILE with the run's config)")
+
+
+def big_log(path: Path, megabytes: int) -> Path:
+    """``megabytes`` of log noise (and one 8 MiB line without a newline), then the real OOM log at the end."""
+    noise = ("(TaskRunner pid=1) step:1 - actor/loss:0.125 " * 24 + "\n").encode()
+    block = noise * (1024 * 1024 // len(noise) + 1)
+    with path.open("wb") as out:
+        for _ in range(megabytes):
+            out.write(block[: 1024 * 1024])
+        out.write(b"x" * (8 << 20) + b"\n")
+        out.write((LOGS / "v1_compute_log_prob.log").read_bytes())
+    return path
+
+
+def test_a_large_log_is_streamed_in_bounded_memory(tmp_path: Path) -> None:
+    """A 160 MiB log: the scan's peak Python allocation stays below 2 MiB (reading it whole took ~2.7× its size)."""
+    import tracemalloc
+
+    log = big_log(tmp_path / "worker.log", 160)
+    tracemalloc.start()
+    try:
+        [event] = find_ooms(log)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert (event.stage, event.method, event.tried_gib) == ("old_log_prob", "compute_log_prob", 13.91)
+    assert peak < 2 << 20
+
+
+def test_many_oom_lines_are_counted_up_to_a_limit(tmp_path: Path) -> None:
+    from verl_safe_launch.launch import MAX_EVENTS
+
+    line = (LOGS / "v1_compute_log_prob.log").read_text().splitlines()
+    message = next(text for text in line if "CUDA out of memory" in text)
+    log = tmp_path / "many.log"
+    log.write_text((message + "\n") * (MAX_EVENTS + 50))
+    assert len(find_ooms(log)) == MAX_EVENTS

@@ -267,3 +267,35 @@ def test_verl_default_gpu_count_against_the_hardware_is_an_error() -> None:
         finding.message == "trainer.n_gpus_per_node=8 asks for more GPUs per node than the hardware has (4)"
     )
     assert finding.fix == "trainer.n_gpus_per_node=4 (verl's default does not match the hardware)"
+
+
+@pytest.mark.parametrize(
+    ("visible", "gpus", "bad"),
+    [
+        ("0,2,-1,1", 2, "'-1'"),
+        ("0,abc,1", 1, "'abc'"),
+        ("GPU-8f3c1a2e,1", 2, None),
+        ("MIG-GPU-8f3c1a2e/1/0", 1, None),
+        ("0,,1", 1, "an empty entry"),
+        ("nvidia0", None, "'nvidia0'"),
+    ],
+)
+def test_invalid_visible_devices_are_not_counted(visible: str, gpus: int | None, bad: str | None) -> None:
+    """CUDA enumerates the entries before the first invalid one (CUDA_VISIBLE_DEVICES=0,2,-1,1 shows 0 and 2)."""
+    profile = detect_hardware(ToolSettings(), env={"CUDA_VISIBLE_DEVICES": visible})
+    assert profile.facts().gpus_per_node == gpus
+    if bad is None:
+        assert profile.notes == ()
+    else:
+        (note,) = profile.notes
+        assert note.startswith(f"CUDA_VISIBLE_DEVICES={visible}: {bad} is not a device")
+        assert note.endswith(
+            f"so {gpus or 0} GPU{'' if gpus == 1 else 's'} {'is' if gpus == 1 else 'are'} visible"
+        )
+
+
+def test_an_index_past_the_last_gpu_ends_the_visible_list(tmp_path: Path) -> None:
+    env = fake_nvidia_smi(tmp_path / "bin", H100 * 2)
+    env["CUDA_VISIBLE_DEVICES"] = "1,5,0"
+    profile = detect_hardware(ToolSettings(), env=env)
+    assert profile.facts().gpus_per_node == 1

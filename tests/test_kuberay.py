@@ -119,3 +119,46 @@ def test_never_overwrites_and_checks_names(tmp_path: Path, capsys: pytest.Captur
     assert (tmp_path / "job.yaml").read_text() == "mine\n"
     assert _write(tmp_path, capsys, "--force", "--name", "Bad_Name")[0] == 2
     assert _write(tmp_path, capsys, "--force", "--toleration", "gpu")[0] == 2
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "ok"),
+    [
+        ("--namespace", "rl-team", True),
+        ("--namespace", "RL", False),
+        ("--namespace", "rl.team", False),  # a label: no dots
+        ("--namespace", "-rl", False),
+        ("--namespace", "a" * 63, True),
+        ("--namespace", "a" * 64, False),
+        ("--namespace", "rl\nkind: Secret", False),
+        ("--service-account", "ray.workers-1", True),
+        ("--service-account", "ray_workers", False),
+        ("--service-account", "ray..workers", False),
+        ("--service-account", "a" * 254, False),
+        ("--service-account", "x: y", False),
+    ],
+)
+def test_namespace_and_service_account_are_dns_1123_names(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: str, value: str, ok: bool
+) -> None:
+    if ok:
+        assert _write(tmp_path, capsys, flag, value)[0] == 0
+        return
+    out = tmp_path / "job.yaml"
+    code = main(
+        [
+            "kuberay",
+            "--nodes",
+            "1",
+            "--gpus-per-node",
+            "6",
+            "--image",
+            "verl",
+            "-o",
+            str(out),
+            f"{flag}={value}",
+        ]
+    )
+    err = capsys.readouterr().err
+    assert code == 2 and not out.exists()
+    assert f"error: {flag} {value!r} is not a valid Kubernetes name" in err and "DNS-1123" in err

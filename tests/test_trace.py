@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
@@ -98,3 +99,19 @@ def test_audit_trace_passes_the_arguments_to_the_script(
     launch = json.loads(result.out)["scripts"][0]["launches"][0]
     assert {"text": "trainer.nnodes=0", "line": 1} in launch["overrides"]
     assert "script-passthrough" not in [f["rule_id"] for f in launch["findings"] if f["severity"] != "info"]
+
+
+def test_ansi_c_strings_and_quoted_exports_read_as_bash_runs_them(tmp_path: Path) -> None:
+    script = tmp_path / "run.sh"
+    script.write_text(
+        "X=$'\\'a\\''\nexport 'Y=b c'\nexport \"Z=$X-1\" PLAIN\ndeclare -x 'W=$HOME'\n"
+        'python3 -m verl.trainer.main_ppo "trainer.project_name=$X" trainer.experiment_name="$Y" '
+        '"data.seed=$Z" $\'trainer.a=\\x41\\101\\u00e9\\tb\\\\\' "trainer.b=$\'x\'" "trainer.c=$W"\n'
+    )
+    assert subprocess.run(["bash", "-n", str(script)], check=False).returncode == 0
+    (static,) = read_script(script)
+    assert not static.notes
+    (traced,) = traced_launches(str(script), trace_script(script).calls)
+    assert texts(static) == texts(traced)
+    assert texts(static)[:3] == ["trainer.project_name='a'", "trainer.experiment_name=b c", "data.seed='a'-1"]
+    assert {e.name: e.value for e in static.exports} == {"Y": "b c", "Z": "'a'-1", "W": "$HOME"}

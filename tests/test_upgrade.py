@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from conftest import CliResult
 
 from verl_safe_launch.audit import (
     HAND_MOVES,
@@ -171,3 +173,19 @@ def test_json_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
     assert data["schema"] == 1 and data["source_release"] == "0.5"
     kinds = {c["kind"] for c in data["changes"]}
     assert {"moved", "converted", "removed", "added", "default"} <= kinds
+
+
+def test_non_finite_floats_of_a_yaml_stay_floats(cli: Callable[..., CliResult], tmp_path: Path) -> None:
+    import math
+
+    import yaml
+
+    old = tmp_path / "old.yaml"
+    old.write_text(
+        "actor_rollout_ref:\n  actor:\n    clip_ratio_c: .nan\n    clip_ratio_high: -.inf\n    grad_clip: .inf\n"
+    )
+    result = cli("upgrade", str(old), "-o", str(tmp_path / "out"))
+    assert result.code == 0, result.err
+    actor = yaml.safe_load((tmp_path / "out" / "old.yaml").read_text())["actor_rollout_ref"]["actor"]
+    assert math.isnan(actor["clip_ratio_c"])
+    assert (actor["clip_ratio_high"], actor["grad_clip"]) == (-math.inf, math.inf)

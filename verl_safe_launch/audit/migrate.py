@@ -157,6 +157,10 @@ def hydra_literal(value: object) -> str:
     """A value as a Hydra override writes it (strings single-quoted)."""
     if isinstance(value, str):
         return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    if isinstance(value, float) and not math.isfinite(value):  # Hydra reads nan and inf, not YAML's .nan
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, list):
+        return "[" + ", ".join(hydra_literal(v) for v in value) + "]"
     return yaml_scalar(value)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,8 +26,10 @@ from verl_safe_launch.preflight import run_preflight
 from verl_safe_launch.provenance import Layer, Source
 from verl_safe_launch.render import counts, findings_json, json_document, render_report, summary_line, verdict
 from verl_safe_launch.shell import (
+    MAX_TIMEOUT_S,
     JobScript,
     ScriptLaunch,
+    check_timeout,
     read_job_script,
     read_script,
     seeded_env,
@@ -118,6 +121,7 @@ class Auditor:
         assert self.trace is not None
         args = tuple(token.text for token in self.passthrough)
         trace = trace_script(path, self.trace.env, self.trace.timeout, args)
+        print(f"{path}: {trace.containment}", file=sys.stderr)
         launches = traced_launches(str(path), trace.calls, static)
         if not launches:
             raise InputError(
@@ -165,7 +169,7 @@ def main(args: Sequence[str], offset: int) -> int:
         action="store_true",
         help="EXECUTE the script under bash (in an empty temporary directory, with an empty environment plus "
         "--env; python, python3, torchrun, uv, ray and srun are replaced by recorders) and audit the "
-        "command lines it really ran",
+        "command lines it really ran; contained where the machine allows (docs/concepts/hostile-input.md)",
     )
     parser.add_argument(
         "--env",
@@ -175,13 +179,16 @@ def main(args: Sequence[str], offset: int) -> int:
         help="with --trace: an environment variable for the script (repeatable)",
     )
     parser.add_argument(
-        "--timeout", type=float, default=30.0, help="with --trace: seconds before the script is stopped"
+        "--timeout",
+        type=float,
+        default=30.0,
+        help=f"with --trace: seconds (up to {MAX_TIMEOUT_S:g}) before the script and all it started are stopped",
     )
     add_format_arg(parser)
     own, extra, extra_at = _split_passthrough(args)
     ns = parse(parser, own)
     positions = [offset + extra_at + i + 1 for i in range(len(extra))]
-    trace = TraceOptions(_env(ns.env), ns.timeout) if ns.trace else None
+    trace = TraceOptions(_env(ns.env), check_timeout(ns.timeout)) if ns.trace else None
     auditor = Auditor(cli_tokens(extra, positions), trace=trace)
     results = [auditor.script(Path(p)) for p in ns.scripts]
     if ns.format == "json":

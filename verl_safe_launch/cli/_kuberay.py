@@ -16,6 +16,7 @@ from verl_safe_launch.files import write_atomic
 from verl_safe_launch.launch import (
     KubeRaySpec,
     check_name,
+    check_reference,
     kuberay,
     node_need,
     parse_selector,
@@ -71,6 +72,8 @@ def main(args: Sequence[str], offset: int) -> int:
     if ns.memory_gb is not None and ns.memory_gb < 1:
         raise UsageError(f"--memory-gb must be positive, got {ns.memory_gb}", where="--memory-gb")
     name = check_name(ns.name)
+    check_reference(ns.namespace, "--namespace")
+    check_reference(ns.service_account, "--service-account")
     composed, profile = compose_for_allocation(ns, args, offset)
     pre = run_preflight(composed, profile)
     print(render_findings_text(pre.findings).rstrip("\n"))

@@ -13,6 +13,7 @@ from verl_safe_launch.compose import require_accepted
 from verl_safe_launch.errors import EXIT_OK, InputError
 from verl_safe_launch.inputs import request_from_args
 from verl_safe_launch.launch import (
+    MAX_EVENTS,
     OomEvent,
     diagnose,
     diagnosis_json,
@@ -68,7 +69,8 @@ def main(args: Sequence[str], offset: int) -> int:
     if ns.format == "json":
         print_json({**diagnosis_json(result), "errors_found": len(events)})
     else:
-        more = f"({len(events) - 1} more out-of-memory errors in the logs)\n" if len(events) > 1 else ""
+        count = f"{len(events) - 1}{'+' if len(events) == MAX_EVENTS else ''}"
+        more = f"({count} more out-of-memory errors in the logs)\n" if len(events) > 1 else ""
         print(render_diagnosis(result) + more, end="")
     return EXIT_OK
 

@@ -14,12 +14,14 @@ from typing import Any
 from verl_safe_launch.cli._common import add_compose_args, compose_from_args, make_parser, parse
 from verl_safe_launch.cli._run import choose_run_dir, resolved_config, write_run_dir
 from verl_safe_launch.compose import Composed
-from verl_safe_launch.errors import EXIT_OK, EXIT_PREFLIGHT
+from verl_safe_launch.errors import EXIT_OK, EXIT_PREFLIGHT, UsageError
 from verl_safe_launch.findings import has_errors
 from verl_safe_launch.launch import (
     JOB_CONFIG,
     JOB_FILE,
+    AnswerTooLong,
     JobTarget,
+    capped_answers,
     client,
     cluster_nodes,
     entrypoint,
@@ -69,6 +71,20 @@ def main(args: Sequence[str], offset: int) -> int:
         print("Nothing was submitted: fix the errors above, or pass --force.")
         return EXIT_PREFLIGHT
     target = job_address(ns.address, os.environ, composed.view.get("ray_kwargs.ray_init.address"))
+    try:
+        with capped_answers():
+            return _on_cluster(ns, args, composed, pre, target)
+    except AnswerTooLong as exc:
+        raise UsageError(
+            f"the job API at {target.address} ({target.source}) {exc}",
+            where=target.source,
+            fix="check the address: it must be the Ray dashboard's URL (default port 8265)",
+        ) from None
+
+
+def _on_cluster(
+    ns: argparse.Namespace, args: Sequence[str], composed: Composed, pre: Preflight, target: JobTarget
+) -> int:
     job_client = client(target)
     nodes = cluster_nodes(target)
     checks = node_findings(nodes, node_need(composed.view), f"Ray cluster {target.address}")

@@ -16,6 +16,7 @@ from verl_safe_launch.context import HardwareFacts
 from verl_safe_launch.errors import UsageError
 from verl_safe_launch.findings import Finding, Severity
 from verl_safe_launch.inputs.overrides import ToolSettings
+from verl_safe_launch.inputs.visible import invalid_note, visible_entries
 from verl_safe_launch.provenance import Layer, Source, Write
 
 T = TypeVar("T", bool, int, float, str)
@@ -89,7 +90,7 @@ def detect_hardware(tool: ToolSettings, env: Mapping[str, str] | None = None) ->
     smi = _from_nvidia_smi(env)
     return HardwareProfile(
         nodes=declared.nodes or slurm.nodes,
-        gpus_per_node=declared.gpus_per_node or slurm.gpus_per_node or smi.gpus_per_node,
+        gpus_per_node=declared.gpus_per_node or _within_devices(slurm.gpus_per_node, smi.gpus_per_node),
         gpu_memory_gb=declared.gpu_memory_gb or smi.gpu_memory_gb,
         gpu_name=declared.gpu_name or smi.gpu_name or slurm.gpu_name,
         notes=tuple(notes) + smi.notes,
@@ -275,6 +276,19 @@ def _from_slurm(env: Mapping[str, str], notes: list[str]) -> HardwareProfile:
     return HardwareProfile(nodes=nodes, gpus_per_node=gpus or visible, gpu_name=_slurm_gpu_type(env))
 
 
+def _within_devices(visible: Fact[int] | None, devices: Fact[int] | None) -> Fact[int] | None:
+    """The visible count, but never more than the devices nvidia-smi lists through CUDA_VISIBLE_DEVICES
+    (an index past the last device ends CUDA's list)."""
+    if visible is None or devices is None:
+        return visible or devices
+    if "CUDA_VISIBLE_DEVICES" not in (visible.source.reason or "") or devices.value >= visible.value:
+        return visible
+    reason = (
+        f"{visible.source.reason}, of which nvidia-smi lists {devices.value} before an index it does not have"
+    )
+    return Fact(devices.value, Source(Layer.HARDWARE, reason=reason))
+
+
 def _env_count(
     env: Mapping[str, str], names: tuple[str, ...], what: str, notes: list[str]
 ) -> Fact[int] | None:
@@ -296,8 +310,15 @@ def _list_count(env: Mapping[str, str], name: str, what: str, notes: list[str]) 
     if text in _NO_DEVICES:
         notes.append(f"{name}={text!s} hides every GPU from this process")
         return None
-    count = len([item for item in text.split(",") if item.strip()])
-    return Fact(count, Source(Layer.HARDWARE, reason=f"{what}, {name}={text}"))
+    if name != "CUDA_VISIBLE_DEVICES":
+        count = len([item for item in text.split(",") if item.strip()])
+        return Fact(count, Source(Layer.HARDWARE, reason=f"{what}, {name}={text}"))
+    kept, bad = visible_entries(text)
+    if bad is not None:
+        notes.append(invalid_note(name, text, kept, bad))
+    if not kept:
+        return None
+    return Fact(len(kept), Source(Layer.HARDWARE, reason=f"{what}, {name}={text}"))
 
 
 def _slurm_gpu_type(env: Mapping[str, str]) -> Fact[str] | None:
@@ -362,11 +383,16 @@ def parse_nvidia_smi(text: str) -> tuple[GpuRow, ...]:
 def _visible_rows(rows: tuple[GpuRow, ...], visible: str | None) -> tuple[GpuRow, ...]:
     if visible is None:
         return rows
-    wanted = [item.strip() for item in visible.split(",") if item.strip()]
+    wanted, _ = visible_entries(visible)
     if not all(item.isdigit() for item in wanted):
         return rows
-    picked = tuple(row for row in rows if str(row.index) in wanted)
-    return picked or rows
+    by_index = {str(row.index): row for row in rows}
+    picked: list[GpuRow] = []
+    for item in wanted:  # an index past the last device ends the list too, as any invalid entry does
+        if item not in by_index:
+            break
+        picked.append(by_index[item])
+    return tuple(picked) or rows
 
 
 def _profile_from_rows(rows: tuple[GpuRow, ...]) -> HardwareProfile:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from verl_safe_launch.launch.answers import MAX_ANSWER_BYTES, AnswerTooLong, capped_answers
 from verl_safe_launch.launch.hook_stages import STAGE_BY_NAME
 from verl_safe_launch.launch.hooks import (
     NO_CUDA_NOTE,
@@ -27,7 +28,13 @@ from verl_safe_launch.launch.jobs import (
     status_name,
     wait,
 )
-from verl_safe_launch.launch.kuberay import KubeRaySpec, check_name, parse_selector, parse_toleration
+from verl_safe_launch.launch.kuberay import (
+    KubeRaySpec,
+    check_name,
+    check_reference,
+    parse_selector,
+    parse_toleration,
+)
 from verl_safe_launch.launch.nodes import (
     NodeInfo,
     NodeNeed,
@@ -39,7 +46,7 @@ from verl_safe_launch.launch.nodes import (
     nodes_from_state,
 )
 from verl_safe_launch.launch.oom_doctor import Diagnosis, Remedy, diagnose, diagnosis_json, render_diagnosis
-from verl_safe_launch.launch.oom_log import OomEvent, find_ooms, scan_lines
+from verl_safe_launch.launch.oom_log import MAX_EVENTS, OomEvent, find_ooms, scan_lines
 from verl_safe_launch.launch.placement import bundles, probe_placement
 from verl_safe_launch.launch.plan import (
     LaunchBlocked,
@@ -110,6 +117,8 @@ __all__ = [
     "BRINGUP_RULES",
     "JOB_CONFIG",
     "JOB_FILE",
+    "MAX_ANSWER_BYTES",
+    "MAX_EVENTS",
     "NEW_TOKEN",
     "NO_CUDA_FIX",
     "NO_CUDA_NOTE",
@@ -120,6 +129,7 @@ __all__ = [
     "STAGE_BY_NAME",
     "USER_SETUP_HOOK_ENV",
     "WORKERS_FILE",
+    "AnswerTooLong",
     "AuthMismatch",
     "BringupContext",
     "Container",
@@ -145,10 +155,12 @@ __all__ = [
     "blocking",
     "bringup_findings",
     "bundles",
+    "capped_answers",
     "cause_line",
     "check_cpus",
     "check_gpus",
     "check_name",
+    "check_reference",
     "client",
     "cluster_nodes",
     "config_digest",

@@ -17,6 +17,9 @@ from verl_safe_launch.launch.nodes import NodeNeed
 CONFIG_MOUNT = "/vsl"
 CONFIG_FILE = "config.yaml"
 _DNS1123 = re.compile(r"[a-z0-9]([-a-z0-9]{0,50}[a-z0-9])?")
+_LABEL_TEXT = r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?"
+_LABEL = re.compile(_LABEL_TEXT)
+_SUBDOMAIN = re.compile(rf"{_LABEL_TEXT}(?:\.{_LABEL_TEXT})*")
 # A heuristic for the host memory of a GPU pod when none is given: room for the dataloader, the Ray object
 # store and CPU-side copies, per GPU, plus a fixed base (override it with --memory-gb).
 MEMORY_PER_GPU_GB = 32
@@ -53,6 +56,24 @@ def check_name(name: str) -> str:
             fix="lower-case letters, digits and '-', starting and ending with a letter or digit, at most 52",
         )
     return name
+
+
+def check_reference(value: str | None, flag: str) -> str | None:
+    """``--namespace`` (a DNS-1123 label, at most 63) or ``--service-account`` (a DNS-1123 subdomain, at most
+    253), as the API server validates them; None passes."""
+    if value is None:
+        return None
+    label = flag == "--namespace"
+    pattern, most = (_LABEL, 63) if label else (_SUBDOMAIN, 253)
+    if pattern.fullmatch(value) and len(value) <= most:
+        return value
+    kind = "label" if label else "subdomain"
+    dots = "" if label else " (dot-separated parts allowed)"
+    raise UsageError(
+        f"{flag} {value!r} is not a valid Kubernetes name: it must be a DNS-1123 {kind}",
+        where=flag,
+        fix=f"lower-case letters, digits and '-', starting and ending with a letter or digit{dots}, at most {most}",
+    )
 
 
 def parse_selector(items: Sequence[str]) -> tuple[tuple[str, str], ...]:

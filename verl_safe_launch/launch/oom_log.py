@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Sequence
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,8 +52,12 @@ ROLLOUT_PATHS = ("vllm/", "sglang/", "EngineCore", "vllm_rollout", "sglang_rollo
 FRAME = re.compile(r'File "(?P<file>[^"]+)", line \d+, in (?P<func>\w+)')
 RAY_TASK = re.compile(r"ray::[\w.]*?\.(?P<func>\w+)\(")
 LOOKBACK = 400  # traceback lines searched above the error
+FRAME_CHARS = 2048  # of each of those lines
 LOG_SUFFIXES = (".log", ".out", ".err", ".txt")
-MAX_LOG_BYTES = 64 << 20
+MAX_LINE = 64 << 10
+"""Bytes of one log line matched at once; a longer line is read (and matched) in pieces of this size."""
+MAX_EVENTS = 1000
+"""Out-of-memory errors kept from the logs (the first is diagnosed; the rest are counted up to this)."""
 UNITS = {"GiB": 1.0, "MiB": 1 / 1024, "KiB": 1 / (1 << 20)}
 
 
@@ -134,35 +139,45 @@ def stage_of(lines: Sequence[str]) -> tuple[str | None, str | None]:
     return (ROLLOUT, None) if in_engine else (None, None)
 
 
-def scan_lines(lines: Sequence[str], label: str) -> Iterator[OomEvent]:
-    """Every out-of-memory error in a sequence of log lines, with its stage from the lines above it."""
+def scan_lines(lines: Iterable[str], label: str) -> Iterator[OomEvent]:
+    """Every out-of-memory error in a stream of log lines, with its stage from the lines above it.
+
+    Only the last ``LOOKBACK`` lines are held: a log of any size is read in bounded memory.
+    """
+    window: deque[str] = deque(maxlen=LOOKBACK + 1)
     for index, line in enumerate(lines):
+        window.append(line[:FRAME_CHARS])
         event = _match(line, f"{label}:{index + 1}")
         if event is None:
             continue
         if event.stage is None:
-            stage, method = stage_of(lines[max(0, index - LOOKBACK) : index + 1])
+            stage, method = stage_of(list(window))
             event = OomEvent(**{**event.__dict__, "stage": stage, "method": method})
         yield event
+
+
+def read_lines(file: Path) -> Iterator[str]:
+    """A log's lines, decoded leniently, one at a time; a line longer than ``MAX_LINE`` bytes comes in pieces."""
+    with file.open("rb") as stream:
+        while line := stream.readline(MAX_LINE):
+            yield line.decode("utf-8", "replace").rstrip("\r\n")
 
 
 def log_files(path: Path) -> list[Path]:
     """The log itself, or the log-like files under a run directory (Ray's worker logs included), sorted."""
     if path.is_file():
         return [path]
-    found = [
-        p
-        for p in path.rglob("*")
-        if p.is_file() and p.suffix in LOG_SUFFIXES and p.stat().st_size <= MAX_LOG_BYTES
-    ]
-    return sorted(found)
+    return sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in LOG_SUFFIXES)
 
 
 def find_ooms(path: Path) -> list[OomEvent]:
-    """Every out-of-memory error in a log file or the logs under a directory, in file order."""
+    """The out-of-memory errors (the first ``MAX_EVENTS``) in a log file or the logs under a directory, in
+    file order. Each file is streamed."""
     events: list[OomEvent] = []
     for file in log_files(path):
-        text = file.read_text(encoding="utf-8", errors="replace")
         label = str(file.relative_to(path)) if path.is_dir() else str(file)
-        events.extend(scan_lines(text.splitlines(), label))
+        for event in scan_lines(read_lines(file), label):
+            events.append(event)
+            if len(events) == MAX_EVENTS:
+                return events
     return events

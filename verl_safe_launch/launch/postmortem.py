@@ -14,6 +14,7 @@ from verl_safe_launch.config_view import format_value
 from verl_safe_launch.context import RuleContext
 from verl_safe_launch.errors import LaunchError, VslError
 from verl_safe_launch.launch.hook_stages import STAGE_BY_NAME
+from verl_safe_launch.launch.oom_log import read_lines
 from verl_safe_launch.render import Column, render_table
 
 MARGIN = 0.10
@@ -100,10 +101,12 @@ def _settings(settings: object) -> str:
 
 
 def read_records(run_dir: Path) -> list[dict[str, Any]]:
-    """Every memory record of the run (all ranks), oldest first; unreadable lines are skipped."""
+    """Every memory record of the run (all ranks), oldest first; unreadable lines are skipped.
+
+    The files are streamed line by line (a line longer than 64 KiB is no record)."""
     records: list[dict[str, Any]] = []
     for path in sorted(run_dir.glob("memory-*.jsonl")):
-        for line in path.read_text(errors="replace").splitlines():
+        for line in read_lines(path):
             try:
                 item = json.loads(line)
             except ValueError:

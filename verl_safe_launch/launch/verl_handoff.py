@@ -12,7 +12,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from verl_safe_launch.errors import LaunchError
+from verl_safe_launch.errors import LaunchError, UsageError
+from verl_safe_launch.launch.deadline import within
 from verl_safe_launch.launch.hooks import RUN_DIR_ENV
 from verl_safe_launch.launch.plan import LaunchBlocked, LaunchPlan
 from verl_safe_launch.launch.ray_auth import auth_env, refused
@@ -21,6 +22,8 @@ from verl_safe_launch.render import json_text
 from verl_safe_launch.rules import CpuNeed, GpuNeed
 
 RUNNER_RECORD = "task_runner.json"
+ATTACH_TIMEOUT_ENV = "VSL_RAY_ATTACH_TIMEOUT"
+ATTACH_TIMEOUT_S = 60.0
 
 
 def validate_with_verl(cfg: Any) -> None:
@@ -102,9 +105,35 @@ def _init(plan: LaunchPlan) -> None:
     import ray
 
     try:
-        ray.init(**plan.init_kwargs)
+        if plan.address is None:
+            ray.init(**plan.init_kwargs)
+        else:  # Ray retries an address that never answers without end: attach with a deadline
+            within(lambda: ray.init(**plan.init_kwargs), attach_timeout(os.environ))
+    except TimeoutError as exc:
+        raise UsageError(
+            f"no Ray cluster answered at {plan.address} ({plan.address_source}): {exc}",
+            where=f"run directory {plan.run_dir}",
+            fix=f"check that the cluster is up and that {plan.address_source} is its GCS address (HEAD:6379), "
+            f"or unset it to start a local Ray; {ATTACH_TIMEOUT_ENV}=SECONDS waits longer",
+        ) from None
     except Exception as exc:
         raise _ray_error(plan, exc) from None
+
+
+def attach_timeout(env: Mapping[str, str]) -> float:
+    """Seconds ``ray.init`` may take to attach to a cluster: ``VSL_RAY_ATTACH_TIMEOUT``, else 60."""
+    text = env.get(ATTACH_TIMEOUT_ENV, "")
+    try:
+        seconds = float(text) if text else ATTACH_TIMEOUT_S
+    except ValueError:
+        seconds = -1.0
+    if not 0 < seconds <= 86400:
+        raise UsageError(
+            f"{ATTACH_TIMEOUT_ENV}={text} is not a number of seconds",
+            where=ATTACH_TIMEOUT_ENV,
+            fix=f"a number from 1 to 86400, e.g. {ATTACH_TIMEOUT_ENV}=120 (default {ATTACH_TIMEOUT_S:g})",
+        )
+    return seconds
 
 
 def _ray_error(plan: LaunchPlan, exc: BaseException) -> LaunchError:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from verl_safe_launch.shell.contain import MAX_TIMEOUT_S, check_timeout, containment
 from verl_safe_launch.shell.expand import OPAQUE
 from verl_safe_launch.shell.launch import Export, ScriptLaunch, ScriptNote, override_key, traced_launches
 from verl_safe_launch.shell.sbatch import (
@@ -21,6 +22,7 @@ from verl_safe_launch.shell.trace import RECORDED, Trace, trace_script
 
 __all__ = [
     "GPU_OPTIONS",
+    "MAX_TIMEOUT_S",
     "OPAQUE",
     "RECORDED",
     "SLURM_VERB_OPTIONS",
@@ -32,6 +34,8 @@ __all__ = [
     "ScriptLaunch",
     "ScriptNote",
     "Trace",
+    "check_timeout",
+    "containment",
     "override_key",
     "parse_gres",
     "parse_job_script",

@@ -130,7 +130,7 @@ class Expander:
         """``NAME=value`` / ``NAME+=value``: the name, whether it appends, and the value (never split)."""
         head = word.parts[0].text
         name, _, rest = head.partition("=")
-        parts = (Part(PartKind.LIT, rest, False), *word.parts[1:])
+        parts = (Part(PartKind.LIT, rest, word.parts[0].quoted), *word.parts[1:])
         text, problem = self._join(parts, word)
         return name.rstrip("+"), name.endswith("+"), Scalar(text, problem)
 

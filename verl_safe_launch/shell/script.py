@@ -99,8 +99,9 @@ class _Reader:
             return
         first = _literal(items[0])
         if first in _DECLARE:
-            items = [i for i in items[1:] if not (_literal(i) or "").startswith("-")]
-            if first == "export":
+            flags = [i for i in items[1:] if (_literal(i) or "").startswith("-")]
+            items = [i for i in items[1:] if i not in flags]
+            if first == "export" or any("x" in (_literal(f) or "") for f in flags):
                 self._exported(items)
             self._assign(items, declared=True)
             return
@@ -170,9 +171,12 @@ class _Reader:
         count = 0
         while count < len(items) and _is_assignment(items[count]):
             count += 1
-        if count and (count == len(items) or declared):
-            conditional = self.depth > 0
-            notes = apply_assignments(self.env, items[:count], conditional=conditional)
+        if declared:  # export/declare/...: every NAME=value argument, quoted ones included ('X=a b')
+            chosen = [item for item in items if _is_assignment(item, quoted=True)]
+        else:
+            chosen = items if count == len(items) else []
+        if chosen:
+            notes = apply_assignments(self.env, chosen, conditional=self.depth > 0)
             self.notes.extend(ScriptNote("env-default", n.line, n.raw, n.detail) for n in notes)
         return [] if declared else items[count:]
 
@@ -198,11 +202,12 @@ def _literal(item: Word | ArrayAssign) -> str | None:
     return None
 
 
-def _is_assignment(item: Word | ArrayAssign) -> bool:
+def _is_assignment(item: Word | ArrayAssign, *, quoted: bool = False) -> bool:
+    """``NAME=...`` (``quoted``: also ``'NAME=...'``, as the arguments of ``export`` and ``declare`` are read)."""
     if isinstance(item, ArrayAssign):
         return True
     first = item.parts[0] if item.parts else None
-    if first is None or first.kind is not PartKind.LIT or first.quoted:
+    if first is None or first.kind is not PartKind.LIT or (first.quoted and not quoted):
         return False
     name, eq, _ = first.text.partition("=")
     return bool(eq) and name.rstrip("+").isidentifier() and name.rstrip("+").isascii()

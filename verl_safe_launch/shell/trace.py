@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from verl_safe_launch.errors import InputError
+from verl_safe_launch.shell.contain import FILE_LIMIT, check_timeout, remove_tree, run_contained
 
 RECORDED = ("python", "python3", "torchrun", "uv", "ray", "srun")
 """Commands replaced by recorders: whatever the script runs through them is recorded, not run."""
@@ -21,11 +21,13 @@ printf '\\001\\0' >> "$VSL_TRACE_FILE"
 
 @dataclass(frozen=True)
 class Trace:
-    """Every recorded command line (the command's name first), in the order bash ran them, and bash's exit."""
+    """Every recorded command line (the command's name first), in the order bash ran them, bash's exit, the
+    last bytes of its stderr and how it was contained."""
 
     calls: tuple[tuple[str, ...], ...]
     returncode: int
     stderr: str
+    containment: str = ""
 
 
 def trace_script(
@@ -33,42 +35,44 @@ def trace_script(
 ) -> Trace:
     """Run ``bash path args...`` in an empty temporary directory, with an empty environment plus ``env``.
 
-    This executes the script: only the commands in ``RECORDED`` are replaced (by recorders on ``PATH``).
+    This executes the script, contained as far as this machine allows (see ``contain``): only the commands in
+    ``RECORDED`` are replaced (by recorders on ``PATH``). Every process it starts is killed when bash exits or
+    at ``timeout``, and the temporary directory is always removed.
     """
+    check_timeout(timeout)
     script = Path(path).resolve()
     if not script.is_file():
         raise InputError(f"script not found: {path}", fix="check the path of the launch script")
-    with tempfile.TemporaryDirectory(prefix="vsl-trace-") as tmp:
-        root = Path(tmp)
-        bindir = root / ".vsl-bin"
-        bindir.mkdir()
-        for name in RECORDED:
-            recorder = bindir / name
-            recorder.write_text(_RECORDER)
-            recorder.chmod(0o755)
-        record = root / ".vsl-calls"
-        record.touch()
-        work = root / "work"
-        work.mkdir()
-        run_env = {**(env or {}), "PATH": f"{bindir}:/usr/bin:/bin", "VSL_TRACE_FILE": str(record)}
-        try:
-            done = subprocess.run(
-                ["/bin/bash", str(script), *args],
-                cwd=work,
-                env=run_env,
-                stdin=subprocess.DEVNULL,
-                capture_output=True,
-                timeout=timeout,
-                check=False,
-            )
-        except subprocess.TimeoutExpired:
-            raise InputError(
-                f"{path} did not finish within {timeout:g} s under --trace",
-                fix="raise --timeout, or audit it without --trace",
-            ) from None
-        calls = _calls(record.read_bytes().decode("utf-8", "replace"))
-        stderr = done.stderr.decode("utf-8", "replace")
-        return Trace(calls, done.returncode, stderr)
+    root = Path(tempfile.mkdtemp(prefix="vsl-trace-"))
+    try:
+        return _trace_in(root, script, path, env or {}, timeout, args)
+    finally:
+        remove_tree(root)
+
+
+def _trace_in(
+    root: Path, script: Path, path: Path, env: dict[str, str], timeout: float, args: tuple[str, ...]
+) -> Trace:
+    bindir = root / ".vsl-bin"
+    bindir.mkdir()
+    for name in RECORDED:
+        recorder = bindir / name
+        recorder.write_text(_RECORDER)
+        recorder.chmod(0o755)
+    record = root / ".vsl-calls"
+    record.touch()
+    work = root / "work"
+    work.mkdir()
+    run_env = {**env, "PATH": f"{bindir}:/usr/bin:/bin", "VSL_TRACE_FILE": str(record)}
+    done = run_contained(["/bin/bash", str(script), *args], root, work, run_env, timeout)
+    if done is None:
+        raise InputError(
+            f"{path} did not finish within {timeout:g} s under --trace",
+            fix="raise --timeout, or audit it without --trace",
+        )
+    with record.open("rb") as calls:
+        data = calls.read(FILE_LIMIT)
+    return Trace(_calls(data.decode("utf-8", "replace")), done.returncode, done.stderr, done.containment)
 
 
 def _calls(data: str) -> tuple[tuple[str, ...], ...]:

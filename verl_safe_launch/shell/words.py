@@ -6,6 +6,8 @@ import re
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from verl_safe_launch.shell.ansi_c import ansi_c
+
 
 class PartKind(StrEnum):
     """What one piece of a word is."""
@@ -237,11 +239,13 @@ class _Lexer:
             if end < 0:
                 raise ShellSyntaxError("unterminated ${ ... }", self.line)
             return self._brace(i, end, quoted)
-        if nxt == "'":
-            end = text.find("'", i + 2)
+        if nxt == "'" and not quoted:  # inside "...", $' is a literal $ (bash)
+            value, end = ansi_c(text, i + 2)
             if end < 0:
                 raise ShellSyntaxError("unterminated $'...' string", self.line)
-            return self._subst(i, end + 1, quoted)
+            self.line += text.count("\n", i, end)
+            self.i = end
+            return Part(PartKind.LIT, value, True)
         match = _NAME.match(text, i + 1)
         if match:
             self.i = match.end()

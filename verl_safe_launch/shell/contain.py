@@ -1,0 +1,222 @@
+"""Run a command contained as far as this machine allows: namespaces, its own session, capped output."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import io
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from verl_safe_launch.errors import UsageError
+
+MAX_TIMEOUT_S = 3600.0
+OUTPUT_TAIL = 64 * 1024
+"""Bytes of the script's stderr kept (the last ones); the rest is read and dropped, stdout is discarded."""
+FILE_LIMIT = 64 * 1024 * 1024
+"""No file the script writes may grow past this (RLIMIT_FSIZE); the recorders' file is one of them."""
+GRACE_S = 5.0
+_INIT = Path(__file__).with_name("trace_init.py")
+_NAMESPACES = ("--mount", "--pid", "--fork", "--mount-proc", "--net", "--ipc", "--uts", "--kill-child")
+_USER = ("--user", "--map-root-user")
+_PR_GET_DUMPABLE = 3
+_PR_SET_DUMPABLE = 4
+
+
+@dataclass(frozen=True)
+class Containment:
+    """How a traced script is contained: the command prefix and its description."""
+
+    prefix: tuple[str, ...]
+    namespaces: bool
+
+    def describe(self, report: dict[str, object]) -> str:
+        """One line saying what applied (``report`` is what the first process wrote)."""
+        if not self.namespaces:
+            return (
+                "contained: own session, process group and subreaper (all killed at the end), empty environment, "
+                "launcher non-dumpable, output and file sizes capped; no namespaces "
+                f"(unshare is {'refused' if shutil.which('unshare') else 'missing'}): "
+                "the file system, the network and other processes are reachable"
+            )
+        user = "user, " if _USER[0] in self.prefix else ""
+        refused = report.get("refused", 0)
+        files = (
+            "read-only except its directory" if not refused else f"read-only but {refused} mounts (refused)"
+        )
+        return (
+            f"contained: new {user}PID, mount, network, IPC and UTS namespaces (all killed at the end), "
+            f"empty environment, output and file sizes capped, file system {files}, no network"
+        )
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A contained command's exit status, the tail of its stderr and what applied."""
+
+    returncode: int
+    stderr: str
+    containment: str
+
+
+def check_timeout(seconds: float) -> float:
+    """``--timeout``: a finite number of seconds in (0, MAX_TIMEOUT_S], else a usage error."""
+    if not (math.isfinite(seconds) and 0 < seconds <= MAX_TIMEOUT_S):
+        raise UsageError(
+            f"--timeout {seconds:g} is not a number of seconds from 0 to {MAX_TIMEOUT_S:g}",
+            where="--timeout",
+            fix="e.g. --timeout 60 (the default is 30)",
+        )
+    return seconds
+
+
+@functools.cache
+def containment() -> Containment:
+    """The strongest containment this machine allows: user namespaces, then namespaces as root, then none."""
+    unshare = shutil.which("unshare")
+    candidates = [(unshare, *_USER, *_NAMESPACES), (unshare, *_NAMESPACES)] if unshare else []
+    with tempfile.TemporaryDirectory(prefix="vsl-probe-") as probe_dir:
+        for prefix in candidates:
+            probe = [*prefix, "--", "mount", "--bind", probe_dir, probe_dir]
+            with contextlib.suppress(OSError, subprocess.SubprocessError):
+                if subprocess.run(probe, capture_output=True, timeout=10, check=False).returncode == 0:
+                    return Containment(tuple(str(p) for p in prefix), namespaces=True)
+    return Containment((), namespaces=False)
+
+
+class _Tail:
+    """Reads a pipe to its end in a daemon thread, keeping only the last ``limit`` bytes."""
+
+    def __init__(self, stream: io.BufferedReader, limit: int) -> None:
+        self.kept: deque[bytes] = deque()
+        self.size = 0
+        self.limit = limit
+        self.thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
+        self.thread.start()
+
+    def _read(self, stream: io.BufferedReader) -> None:
+        with stream:
+            while chunk := stream.read1(65536):
+                self.kept.append(chunk)
+                self.size += len(chunk)
+                while self.size - len(self.kept[0]) >= self.limit:
+                    self.size -= len(self.kept.popleft())
+
+    def text(self) -> str:
+        self.thread.join(GRACE_S)
+        return b"".join(self.kept)[-self.limit :].decode("utf-8", "replace")
+
+
+def run_contained(
+    command: Sequence[str], root: Path, cwd: Path, env: dict[str, str], timeout: float
+) -> Finished | None:
+    """Run ``command`` in ``cwd`` contained, with exactly ``env``; None when it ran past ``timeout``.
+
+    Every process it started is killed when it ends or at the deadline, whichever comes first.
+    """
+    box = containment()
+    readonly = "1" if box.namespaces else "0"
+    init = [sys.executable, "-I", "-S", str(_INIT), str(root), str(FILE_LIMIT), readonly, "--", *command]
+    proc = subprocess.Popen(
+        [*box.prefix, *init],
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    assert isinstance(proc.stderr, io.BufferedReader)
+    tail = _Tail(proc.stderr, OUTPUT_TAIL)
+    finished = False
+    with _undumpable():
+        try:
+            finished = _exited(proc.pid, time.monotonic() + timeout)
+        finally:  # also on Ctrl-C: the script's session does not get the terminal's signals
+            if not finished:  # the first process kills what the script started, then exits
+                _signal_group(proc.pid, signal.SIGTERM)
+                _exited(proc.pid, time.monotonic() + GRACE_S)
+            _signal_group(proc.pid, signal.SIGKILL)  # the leader is not reaped yet: its group id is its own
+            code = proc.wait()
+    if not finished:
+        return None
+    return Finished(code, tail.text(), box.describe(_report(root)))
+
+
+@contextlib.contextmanager
+def _undumpable() -> Iterator[None]:
+    """While the script runs, this process's ``/proc`` entries (its environment, its memory) are readable only
+    by root: a script running as the same, non-root user cannot read the launcher's environment through them."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    before = libc.prctl(_PR_GET_DUMPABLE, 0, 0, 0, 0)
+    libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+    try:
+        yield
+    finally:
+        if before > 0:
+            libc.prctl(_PR_SET_DUMPABLE, before, 0, 0, 0)
+
+
+def _exited(pid: int, deadline: float) -> bool:
+    """Wait for ``pid`` to exit, without reaping it, until ``deadline``."""
+    while True:
+        if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
+
+
+def _signal_group(pgid: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signum)
+
+
+def _report(root: Path) -> dict[str, object]:
+    try:
+        found = json.loads((root / ".vsl-contained").read_text()[:4096])
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def remove_tree(root: Path) -> None:
+    """Remove a directory the script may have made unwritable; never raises."""
+
+    def unlock(fn: object, path: str, exc: object) -> None:
+        with contextlib.suppress(OSError):
+            os.chmod(os.path.dirname(path), 0o700)
+            os.chmod(path, 0o700)
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                os.unlink(path)
+
+    shutil.rmtree(root, onerror=unlock)
+    shutil.rmtree(root, ignore_errors=True)
+
+
+__all__ = [
+    "FILE_LIMIT",
+    "MAX_TIMEOUT_S",
+    "OUTPUT_TAIL",
+    "Containment",
+    "Finished",
+    "check_timeout",
+    "containment",
+    "remove_tree",
+    "run_contained",
+]
