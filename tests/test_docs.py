@@ -61,8 +61,9 @@ def test_readme_keeps_the_two_setup_commands() -> None:
     text = README.read_text()
     assert f"```bash\n{SETUP_LINES[0]}\n{SETUP_LINES[1]}\n```\n" in text
     test_command = SETUP_LINES[1].split("#")[0].strip()
-    ci_run = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
-    assert test_command in ci_run, f".ci/run no longer runs the README's test command {test_command!r}"
+    ci_run = (ROOT / ".ci" / "run").read_text()
+    runs = re.search(rf"^[^#\n]*(?<![\w/.-]){re.escape(test_command)}(?![\w/.-])", ci_run, re.M)
+    assert runs, f".ci/run no longer runs the README's test command {test_command!r}"
 
 
 def test_every_page_is_in_the_nav_once() -> None:
