@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from verl_safe_launch.compose import _hydra
+from verl_safe_launch.compose.budget import check_interpolation_budget
 from verl_safe_launch.compose.interpolation import Resolver, Unsupported, absolute_key
 from verl_safe_launch.config_view import ConfigView, flatten
 from verl_safe_launch.errors import ConfigError, InputError, UsageError, VslError, collect
@@ -321,10 +322,16 @@ def build_view(cfg: Any, writes: Sequence[Write]) -> ConfigView:
     from omegaconf import OmegaConf
 
     raw = flatten(OmegaConf.to_container(cfg, resolve=False))  # type: ignore[arg-type]
-    resolved = _resolved(cfg, raw)
     by_key = writes_by_key(writes)
+    check_interpolation_budget(raw, lambda key: _set_by(key, by_key))
+    resolved = _resolved(cfg, raw)
     provenance = {key: _provenance(key, resolved[key], raw[key], by_key) for key in raw}
     return ConfigView(resolved, provenance)
+
+
+def _set_by(key: str, by_key: dict[str, list[Write]]) -> str | None:
+    chain = by_key.get(key)
+    return chain[-1].source.describe() if chain else None
 
 
 def _resolved(cfg: Any, raw: dict[str, Any]) -> dict[str, Any]:
