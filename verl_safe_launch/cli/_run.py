@@ -15,6 +15,7 @@ from typing import Any
 from verl_safe_launch.cli._common import add_compose_args, compose_from_args, make_parser, parse, print_json
 from verl_safe_launch.compose import Composed
 from verl_safe_launch.errors import EXIT_LAUNCH, EXIT_OK, EXIT_PREFLIGHT, UsageError, VslError
+from verl_safe_launch.files import check_text_name
 from verl_safe_launch.findings import Finding
 from verl_safe_launch.launch import LaunchBlocked, LaunchPlan, plan_launch, render_plan, rundir
 from verl_safe_launch.preflight import Preflight, run_preflight
@@ -96,6 +97,8 @@ def _run(ns: argparse.Namespace, args: Sequence[str], offset: int, out: Outcome)
             return out.finish("preflight-failed", EXIT_PREFLIGHT)
         forced.append("pre-flight errors")
     cfg = resolved_config(composed)
+    for text in (*args, os.getcwd()):  # each is written into the run directory: refuse before creating it
+        check_text_name(text, where="command line" if text in args else "working directory")
     run_dir = choose_run_dir(ns, forced)
     write_run_dir(run_dir, cfg, composed, pre, args, list(ns.overrides), forced, ns.config)
     out.data["run_dir"] = str(run_dir)
