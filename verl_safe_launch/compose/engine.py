@@ -143,6 +143,8 @@ def _refuse_group_values(groups: list[tuple[Any, OverrideToken]]) -> None:
     """A config group takes option names: ``data=[1,2]`` would crash Hydra's defaults list, not compose."""
     for override, token in groups:
         value = override.value()
+        if override.is_delete() or value is None:
+            continue  # '~data' and 'data=null' are reported where the config is checked
         names = value if isinstance(value, list) else [value]
         if not all(isinstance(name, str) for name in names):
             key = override.get_key_element().lstrip("+~")
