@@ -47,10 +47,12 @@ def _hydra_refuses(token: str) -> bool:
 
 
 @pytest.mark.parametrize("token", SWEEPS)
-@pytest.mark.parametrize("verb", ["check", "show"])
-def test_a_sweep_is_refused_naming_the_token(cli: Cli, verb: str, token: str) -> None:
+@pytest.mark.parametrize("verb", ["check", "show", "run"])
+def test_a_sweep_is_refused_naming_the_token(tmp_path: Path, cli: Cli, verb: str, token: str) -> None:
     assert _hydra_refuses(token)
-    result = cli(verb, "-c", EXAMPLE, token)
+    extra = ["--dry-run", "--run-dir", str(tmp_path / "rd")] if verb == "run" else []
+    result = cli(verb, *extra, "-c", EXAMPLE, token)
+    assert not (tmp_path / "rd").exists()  # verl's default is never written in its place
     first = result.err.splitlines()[0]
     assert result.code == 2
     assert first.startswith(f"error: '{token}' is a Hydra sweep")
