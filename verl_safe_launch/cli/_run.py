@@ -19,7 +19,7 @@ from verl_safe_launch.files import check_text_name
 from verl_safe_launch.findings import Finding
 from verl_safe_launch.launch import LaunchBlocked, LaunchPlan, plan_launch, render_plan, rundir
 from verl_safe_launch.preflight import Preflight, run_preflight
-from verl_safe_launch.render import json_document, json_text, render_findings_text
+from verl_safe_launch.render import escape_lines, json_document, json_text, render_findings_text
 
 EXAMPLES = """\
   verl-safe-launch -c launch_examples/grpo_6gpu.yaml
@@ -48,7 +48,7 @@ class Outcome:
     def say(self, text: str) -> None:
         """One block of the text report (nothing in JSON mode)."""
         if not self.json:
-            print(text, flush=True)
+            print(escape_lines(text), flush=True)  # paths and values from the command line are shown escaped
 
     def finish(self, status: str, code: int) -> int:
         """Emit the JSON object (in JSON mode) and return the exit code."""
