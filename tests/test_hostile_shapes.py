@@ -32,20 +32,25 @@ def _no_host_hardware(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.parametrize(
-    ("text", "first"),
+    ("text", "first", "node"),
     [
-        ("data: [1, 2]\n", "error: cannot set data=[1, 2]: Cannot merge DictConfig with ListConfig"),
+        ("data: [1, 2]\n", "error: cannot set data=[1, 2]: Cannot merge DictConfig with ListConfig", "data"),
         (
             'trainer:\n  project_name: "${"\n',
             "error: cannot set trainer.project_name=${: no viable alternative at input '${'",
+            "trainer.project_name",
         ),
-        ("trainer:\n  logger: {a: 1}\n", "error: cannot set trainer.logger.a=1: invalid literal for int()"),
+        (
+            "trainer:\n  logger: {a: 1}\n",
+            "error: cannot set trainer.logger.a=1: invalid literal for int()",
+            "trainer.logger",
+        ),
     ],
     ids=["list-for-mapping", "broken-interpolation", "mapping-for-list"],
 )
 @pytest.mark.parametrize("verb", ["check", "show", "run", "oom"])
 def test_a_file_value_of_the_wrong_shape_is_an_input_error(
-    tmp_path: Path, cli: Cli, verb: str, text: str, first: str
+    tmp_path: Path, cli: Cli, verb: str, text: str, first: str, node: str
 ) -> None:
     path = tmp_path / "bad.yaml"
     path.write_text(text)
@@ -64,6 +69,9 @@ def test_a_file_value_of_the_wrong_shape_is_an_input_error(
     assert result.code == 2
     assert lines[0].startswith(first)
     assert lines[1].startswith(f"  where: user file, {shown}:")
+    assert lines[2] == (
+        f"  fix: give {node} a value of the shape verl's config has there (see 'verl-safe-launch show --key {node}')"
+    )
     assert not (tmp_path / "rd").exists()
 
 

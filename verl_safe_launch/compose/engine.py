@@ -252,12 +252,27 @@ def _set(cfg: Any, write: Write) -> None:
             OmegaConf.update(cfg, write.key, write.value, merge=True, force_add=True)
     except (OmegaConfBaseException, ValueError, TypeError, KeyError) as exc:
         detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        node = _deepest_node(cfg, write.key)
         raise InputError(
             f"cannot set {write.key}={format_value(write.value)}: {detail}",
             where=write.source.describe(),
-            fix=f"give {write.key} a value of the shape verl's config has there "
-            f"(see 'verl-safe-launch show --key {write.key}')",
+            fix=f"give {node} a value of the shape verl's config has there "
+            f"(see 'verl-safe-launch show --key {node}')",
         ) from None
+
+
+def _deepest_node(cfg: Any, key: str) -> str:
+    """The longest prefix of ``key`` that names a node of ``cfg`` (walked without resolving anything)."""
+    from omegaconf import DictConfig
+
+    node, found = cfg, []
+    for part in key.split("."):
+        child = node._get_node(part) if isinstance(node, DictConfig) else None
+        if child is None:
+            break
+        found.append(part)
+        node = child
+    return ".".join(found) or key
 
 
 def _try_apply(cfg: Any, override: Any, token: OverrideToken, *, lenient: bool) -> str | None:
