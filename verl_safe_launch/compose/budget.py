@@ -102,6 +102,7 @@ class _Costs:
         self.raw = raw
         self.done: dict[str, _Cost] = {}
         self.children: dict[str, list[str]] = {}
+        self.targets: dict[str, list[str]] = {}
         for key in raw:
             parts = key.split(".")
             for cut in range(1, len(parts)):
@@ -135,6 +136,11 @@ class _Costs:
 
     def _targets(self, key: str) -> list[str]:
         """The leaves ``key`` reads (a reference to a subtree reads every leaf below it)."""
+        if key not in self.targets:
+            self.targets[key] = self._scan(key)
+        return self.targets[key]
+
+    def _scan(self, key: str) -> list[str]:
         value = self.raw.get(key)
         if not isinstance(value, str) or "${" not in value:
             return []
