@@ -170,3 +170,27 @@ def test_bad_override_is_stopped_by_our_report_before_verl_validates(tmp_path: P
     assert "NO-GO:" in done.stderr
     assert "minimal possible batch size" not in done.stderr + done.stdout
     assert "Traceback" not in done.stderr
+
+
+def test_an_interpolation_bomb_through_verls_entry_point_stops_at_the_limit() -> None:
+    """The callback never resolves a bomb itself; our composition of the same overrides names the limit."""
+    from omegaconf import OmegaConf
+
+    from hydra_plugins.verl_safe_launch.callback import task_values
+
+    overrides = ["+trainer.x0=ab"]
+    overrides += [f"+trainer.x{i}=${{trainer.x{i - 1}}}${{trainer.x{i - 1}}}" for i in range(1, 16)]
+    values = {
+        "trainer": {
+            "x0": "ab",
+            **{f"x{i}": f"${{trainer.x{i - 1}}}${{trainer.x{i - 1}}}" for i in range(1, 16)},
+        }
+    }
+    flat = task_values(OmegaConf.create(values))
+    assert flat["trainer.x15"] == "${trainer.x14}${trainer.x14}"  # left unresolved
+    code, text = preflight_report(overrides, flat)
+    assert code == 2
+    assert (
+        "error: interpolation limit: " in text and "4,000 steps (the limit), trainer.x10 among them" in text
+    )
+    assert "where: command line (+trainer.x10=${trainer.x9}${trainer.x9})" in text

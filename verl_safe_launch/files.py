@@ -6,6 +6,7 @@ import contextlib
 import os
 import shlex
 import stat
+import sys
 import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -89,8 +90,27 @@ def read_text_input(
         ) from None
 
 
+def shown_path(path: Path | str) -> str:
+    """A path as text even when its name is not valid in the locale's encoding (undecodable bytes as ``\\xff``)."""
+    return os.fsencode(str(path)).decode("utf-8", "backslashreplace")
+
+
+def check_text_name(path: Path | str, *, where: str = "-o") -> None:
+    """A path written to (or into a written file) must be text: bytes the locale cannot decode are refused."""
+    try:
+        str(path).encode("utf-8")
+    except UnicodeEncodeError:
+        raise UsageError(
+            f"{shown_path(path)}: the name is not valid text in this locale's encoding "
+            f"({sys.getfilesystemencoding()})",
+            where=where,
+            fix="use a name of ASCII letters, digits, '.', '-' and '_', or run under a UTF-8 locale (LANG=C.UTF-8)",
+        ) from None
+
+
 def check_target(path: Path, *, force: bool, inputs: Iterable[Path | str] = (), where: str = "-o") -> None:
     """Refuse to write ``path`` when it is an input of this command, not a regular file, or exists without --force."""
+    check_text_name(path, where=where)
     for source in inputs:
         if _same_file(path, Path(source)):
             raise UsageError(
@@ -170,6 +190,7 @@ def make_directory(base: Path, *, where: str = "--run-dir") -> Path:
 
     Two processes never get the same directory: ``mkdir`` itself decides who created it.
     """
+    check_text_name(base, where=where)
     _mkdirs(base.parent, where)
     for n in range(10_000):
         candidate = base if n == 0 else base.with_name(f"{base.name}_{n}")
@@ -191,6 +212,7 @@ def ensure_directory(path: Path, *, where: str = "--run-dir") -> None:
 
 
 def _mkdirs(path: Path, where: str) -> None:
+    check_text_name(path, where=where)
     try:
         path.mkdir(parents=True, exist_ok=True)
     except FileExistsError:
@@ -222,6 +244,12 @@ def _stage(path: Path, text: str, mode: int, where: str, keep_mode: bool) -> str
     except BaseException as exc:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+        if isinstance(exc, UnicodeEncodeError):
+            raise UsageError(
+                f"cannot write {path}: its text names a file whose name is not valid UTF-8",
+                where=where,
+                fix="rename the inputs with ASCII or UTF-8 names, or run under a UTF-8 locale (LANG=C.UTF-8)",
+            ) from None
         if isinstance(exc, OSError):
             raise UsageError(f"cannot write {path}: {exc.strerror or exc}", where=where) from None
         raise

@@ -57,11 +57,18 @@ def task_values(config: Any) -> dict[str, Any]:
     """The config verl's task function receives (Hydra drops the ``hydra`` node), as dotted leaves."""
     from omegaconf import OmegaConf
 
+    from verl_safe_launch.compose import check_interpolation_budget
     from verl_safe_launch.config_view import flatten
+    from verl_safe_launch.errors import ConfigError
 
     container = OmegaConf.to_container(config, resolve=False)
     assert isinstance(container, dict)
     container.pop("hydra", None)
+    raw = flatten({str(key): value for key, value in container.items()})
+    try:
+        check_interpolation_budget(raw, lambda key: None)
+    except ConfigError:  # resolving would not end: our composition of the same overrides reports the limit
+        return raw
     task = OmegaConf.create(container)
     try:
         plain = OmegaConf.to_container(task, resolve=True)
@@ -112,7 +119,7 @@ def preflight_report(
     from verl_safe_launch.inputs import ComposeRequest, OverrideToken
     from verl_safe_launch.preflight import run_preflight
     from verl_safe_launch.provenance import Layer, Source
-    from verl_safe_launch.render import render_findings_text
+    from verl_safe_launch.render import render_error, render_findings_text
 
     stray = stray_tool_keys(values or {}, overrides)
     if stray:
@@ -125,7 +132,7 @@ def preflight_report(
     try:
         composed = compose(ComposeRequest(overrides=tokens))
     except VslError as exc:
-        return exc.exit_code, HEADER + exc.render() + "\n"
+        return exc.exit_code, HEADER + render_error(exc) + "\n"
     if values is not None:
         composed = replace(composed, view=ConfigView(dict(values), composed.view.provenance))
     preflight = run_preflight(composed)

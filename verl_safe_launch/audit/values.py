@@ -142,15 +142,42 @@ def type_mismatches(ctx: AuditContext) -> list[Finding]:
     findings: list[Finding] = []
     for write in ctx.user_writes():
         spec = ctx.facts.types.get(write.key)
-        if spec is None or _skip_value(write.value, spec) or _bool_string(write.value, spec):
+        value = _checked_value(ctx, write)
+        resolved = value is not write.value
+        if spec is None or _skip_value(value, spec) or _bool_string(value, spec):
             continue
-        severity = _type_problem(write.value, spec)
+        if resolved and _number_text(value, spec):
+            continue
+        severity = _type_problem(value, spec)
         if severity is not None:
-            got = _describe(write.value)
+            got = _describe(value)
+            if resolved:
+                got += f", from {write.value}"
             message = f"{write.key} expects {_expected(spec)} ({spec.origin}), got {got}"
             fix = f"{write.key}={_example(ctx, write, spec)}"
             findings.append(finding("type-mismatch", severity, (write.key,), message, fix, [write]))
     return findings
+
+
+def _checked_value(ctx: AuditContext, write: Write) -> object:
+    """The value verl reads: an interpolation that decides the key's value is checked resolved (``${oc.env:X}``)."""
+    if not (isinstance(write.value, str) and "${" in write.value):
+        return write.value
+    prov = ctx.view.prov(write.key)
+    if prov is None or prov.source != write.source or prov.interpolation != write.value:
+        return write.value
+    return prov.value
+
+
+def _number_text(value: object, spec: TypeSpec) -> bool:
+    """An interpolation that resolves to the text of a number (``oc.env`` returns text): OmegaConf converts it."""
+    if spec.kind not in ("int", "float") or not isinstance(value, str):
+        return False
+    try:
+        number = float(value)
+    except ValueError:
+        return False
+    return math.isfinite(number) and (spec.kind == "float" or number.is_integer())
 
 
 def _skip_value(value: object, spec: TypeSpec) -> bool:

@@ -68,7 +68,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _dispatch(list(sys.argv[1:] if argv is None else argv))
     except VslError as exc:
-        return _report(exc.render(), exc.exit_code)
+        from verl_safe_launch.render import render_error
+
+        return _report(render_error(exc), exc.exit_code)
     except KeyboardInterrupt:
         return _report("interrupted (Ctrl-C)", EXIT_INTERRUPTED, traceback_too=False)
     except BrokenPipeError:

@@ -24,7 +24,16 @@ from verl_safe_launch.inputs import (
 from verl_safe_launch.launch import bringup_findings
 from verl_safe_launch.preflight import run_preflight
 from verl_safe_launch.provenance import Layer, Source
-from verl_safe_launch.render import counts, findings_json, json_document, render_report, summary_line, verdict
+from verl_safe_launch.render import (
+    counts,
+    escape,
+    findings_json,
+    json_document,
+    render_error,
+    render_report,
+    summary_line,
+    verdict,
+)
 from verl_safe_launch.shell import (
     MAX_TIMEOUT_S,
     JobScript,
@@ -236,10 +245,10 @@ def render_audit_text(results: list[ScriptAudit]) -> str:
     everything: list[Finding] = []
     for result in results:
         if result.error is not None:
-            blocks.append(f"== {result.path}\n{result.error.render()}\n")
+            blocks.append(f"== {escape(result.path)}\n{render_error(result.error)}\n")
         for item in result.launches:
             launch = item.launch
-            header = f"== {launch.label}: launch {launch.index} of {len(result.launches)}, {len(launch.tokens)} overrides"
+            header = f"== {escape(launch.label)}: launch {launch.index} of {len(result.launches)}, {len(launch.tokens)} overrides"
             blocks.append(f"{header}\n{render_report(item.findings, item.unread)}")
             everything.extend(item.findings)
     if sum(len(r.launches) for r in results) > 1:

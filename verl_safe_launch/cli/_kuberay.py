@@ -25,7 +25,7 @@ from verl_safe_launch.launch import (
 )
 from verl_safe_launch.memory import estimate_memory
 from verl_safe_launch.preflight import run_preflight
-from verl_safe_launch.render import render_findings_text
+from verl_safe_launch.render import escape, render_findings_text
 
 EXAMPLES = """\
   verl-safe-launch kuberay --nodes 2 --gpus-per-node 8 --image verlai/verl:latest -o job.yaml preset=cluster \\
@@ -110,11 +110,13 @@ def main(args: Sequence[str], offset: int) -> int:
         f"the default of {kuberay.MEMORY_BASE_GB} GiB + {kuberay.MEMORY_PER_GPU_GB} GiB per GPU: no host RAM estimate"
     )
     print(
-        f"wrote {ns.output}: RayJob {name} with {ns.nodes} GPU pod(s) × {ns.gpus_per_node} GPUs "
-        f"({ns.nodes * ns.gpus_per_node} GPUs), {cpus} CPUs and {memory} GiB each ({why}), "
-        f"and ConfigMap {name}-config"
+        escape(
+            f"wrote {ns.output}: RayJob {name} with {ns.nodes} GPU pod(s) × {ns.gpus_per_node} GPUs "
+            f"({ns.nodes * ns.gpus_per_node} GPUs), {cpus} CPUs and {memory} GiB each ({why}), "
+            f"and ConfigMap {name}-config"
+        )
     )
-    print(f"apply with: kubectl apply -f {shlex.quote(str(ns.output))}", file=sys.stdout)
+    print(escape(f"apply with: kubectl apply -f {shlex.quote(str(ns.output))}"), file=sys.stdout)
     return EXIT_OK
 
 

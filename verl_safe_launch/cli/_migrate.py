@@ -34,7 +34,7 @@ from verl_safe_launch.inputs import (
 )
 from verl_safe_launch.launch import plan_job
 from verl_safe_launch.preflight import run_preflight
-from verl_safe_launch.render import summary_line
+from verl_safe_launch.render import escape, summary_line
 from verl_safe_launch.shell import JobScript, ScriptLaunch, read_job_script, read_script, seeded_env
 
 EXAMPLES = """\
@@ -85,14 +85,15 @@ def main(args: Sequence[str], offset: int) -> int:
         migration = _as_job(migration, job, composed.view, output)
     inputs = [ns.script, *launch.config_files]
     write_atomic(output, render_yaml(migration), force=ns.force, inputs=inputs, where="-o/--output")
-    print(command_line(migration))
+    print(escape(command_line(migration)))
     for change in fixes:
         print(
-            f"fixed: {change.key} -> {change.new_key} (line {change.line}): {change.detail}", file=sys.stderr
+            escape(f"fixed: {change.key} -> {change.new_key} (line {change.line}): {change.detail}"),
+            file=sys.stderr,
         )
     for note in migration.notes:
-        print(f"note: {note}", file=sys.stderr)
-    print(f"note: {preflight_note(migration, output)}", file=sys.stderr)
+        print(escape(f"note: {note}"), file=sys.stderr)
+    print(escape(f"note: {preflight_note(migration, output)}"), file=sys.stderr)
     return EXIT_OK
 
 

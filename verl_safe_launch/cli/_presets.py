@@ -12,7 +12,7 @@ from verl_safe_launch.errors import UsageError
 from verl_safe_launch.inputs import ComposeRequest, ToolSettings, cli_tokens, detect_hardware
 from verl_safe_launch.presets import AUTO, PRESETS, PresetInfo, choose_auto, compose_for_launch, preset_values
 from verl_safe_launch.provenance import Layer
-from verl_safe_launch.render import Column, json_document, render_table
+from verl_safe_launch.render import Column, escape, json_document, render_table
 
 EXAMPLES = """\
   verl-safe-launch presets
@@ -89,9 +89,9 @@ def _show_adapted(name: str, overrides: list[str], positions: list[int], fmt: st
     print(f"preset {name}{auto} adapted to: {' '.join(overrides)}")
     width = max((len(key) for key, _, _ in rows), default=0)
     for key, value, reason in rows:
-        print(f"  {key:<{width}} = {format_value(value)}")
+        print(f"  {key:<{width}} = {escape(format_value(value))}")
         if reason:
-            print(f"  {'':<{width}}   adapted: {reason}")
+            print(f"  {'':<{width}}   adapted: {escape(reason)}")
 
 
 def _info(name: str) -> PresetInfo:
@@ -137,10 +137,10 @@ def _show(name: str, fmt: str) -> None:
     if name == AUTO:
         print(f"preset auto: {info.summary} (conf/preset/auto.yaml)")
     else:
-        print(f"preset {name}: {info.hardware}; models {info.models} (conf/preset/{name}.yaml)")
+        print(f"preset {escape(name)}: {info.hardware}; models {info.models} (conf/preset/{name}.yaml)")
     width = max((len(key) for key, _, _ in values), default=0)
     for key, value, _ in values:
-        print(f"  {key:<{width}} = {format_value(value)}")
+        print(f"  {key:<{width}} = {escape(format_value(value))}")
     if name == AUTO:
         print(
             f"  here: {choice[0]}, {choice[1]}" if choice else "  here: hardware unknown (declare hardware.*)"

@@ -15,10 +15,11 @@ from typing import Any
 from verl_safe_launch.cli._common import add_compose_args, compose_from_args, make_parser, parse, print_json
 from verl_safe_launch.compose import Composed
 from verl_safe_launch.errors import EXIT_LAUNCH, EXIT_OK, EXIT_PREFLIGHT, UsageError, VslError
+from verl_safe_launch.files import check_text_name
 from verl_safe_launch.findings import Finding
 from verl_safe_launch.launch import LaunchBlocked, LaunchPlan, plan_launch, render_plan, rundir
 from verl_safe_launch.preflight import Preflight, run_preflight
-from verl_safe_launch.render import json_document, json_text, render_findings_text
+from verl_safe_launch.render import escape_lines, json_document, json_text, render_findings_text
 
 EXAMPLES = """\
   verl-safe-launch -c launch_examples/grpo_6gpu.yaml
@@ -47,7 +48,7 @@ class Outcome:
     def say(self, text: str) -> None:
         """One block of the text report (nothing in JSON mode)."""
         if not self.json:
-            print(text, flush=True)
+            print(escape_lines(text), flush=True)  # paths and values from the command line are shown escaped
 
     def finish(self, status: str, code: int) -> int:
         """Emit the JSON object (in JSON mode) and return the exit code."""
@@ -96,6 +97,8 @@ def _run(ns: argparse.Namespace, args: Sequence[str], offset: int, out: Outcome)
             return out.finish("preflight-failed", EXIT_PREFLIGHT)
         forced.append("pre-flight errors")
     cfg = resolved_config(composed)
+    for text in (*args, os.getcwd()):  # each is written into the run directory: refuse before creating it
+        check_text_name(text, where="command line" if text in args else "working directory")
     run_dir = choose_run_dir(ns, forced)
     write_run_dir(run_dir, cfg, composed, pre, args, list(ns.overrides), forced, ns.config)
     out.data["run_dir"] = str(run_dir)

@@ -9,7 +9,7 @@ from verl_safe_launch.compose import Composed, resolution_findings
 from verl_safe_launch.config_view import ConfigView, format_value
 from verl_safe_launch.errors import ConfigError, UsageError, VslError, collect
 from verl_safe_launch.provenance import Provenance
-from verl_safe_launch.render import json_document
+from verl_safe_launch.render import escape, escape_lines, json_document
 
 EXAMPLES = """\
   verl-safe-launch show data.train_batch_size=60
@@ -68,13 +68,15 @@ def _selected(view: ConfigView, key: str | None) -> list[str]:
 
 def render_origin(prov: Provenance, *, chain: bool) -> str:
     """One leaf as ``key = value`` with its source; with ``chain`` also every value it replaced."""
-    line = f"{prov.key} = {format_value(prov.value)}"
-    lines = [line, f"    from {prov.source.describe()}"]
+    line = f"{escape(prov.key)} = {escape(format_value(prov.value))}"
+    lines = [line, f"    from {escape(prov.source.describe())}"]
     if prov.interpolation:
-        lines.append(f"    interpolates {prov.interpolation} (follows {prov.follows})")
+        lines.append(f"    interpolates {escape(prov.interpolation)} (follows {escape(str(prov.follows))})")
     if chain:
         for write in reversed(prov.history):
-            lines.append(f"    replaced {format_value(write.value)} from {write.source.describe()}")
+            lines.append(
+                f"    replaced {escape(format_value(write.value))} from {escape(write.source.describe())}"
+            )
     return "\n".join(lines)
 
 
@@ -84,7 +86,7 @@ def _yaml(view: ConfigView, key: str | None) -> str:
     data = view.nested(key or "")
     if key and not isinstance(data, dict):
         data = {key: data}
-    return yaml.safe_dump(data, sort_keys=False, default_flow_style=False, allow_unicode=True)
+    return escape_lines(yaml.safe_dump(data, sort_keys=False, default_flow_style=False, allow_unicode=True))
 
 
 def _json(view: ConfigView, keys: list[str], key: str | None, origin: bool) -> object:

@@ -38,7 +38,7 @@ from verl_safe_launch.launch import slurm, slurm_audit
 from verl_safe_launch.preflight import run_preflight
 from verl_safe_launch.presets import compose_with_preset
 from verl_safe_launch.provenance import Layer, Source
-from verl_safe_launch.render import json_document, render_findings_text
+from verl_safe_launch.render import escape, json_document, render_findings_text
 
 EXAMPLES = """\
   verl-safe-launch slurm --nodes 1 --gpus-per-node 6 --partition gpu --time 24:00:00 \\
@@ -279,7 +279,7 @@ def _report(
     if result.get("status") == "preflight-failed":
         print("Nothing was written: the config cannot run on this allocation.")
     for line in text:
-        print(line)
+        print(escape(line))
 
 
 # --- inside the job ----------------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from verl_safe_launch.compose.budget import check_interpolation_budget
 from verl_safe_launch.compose.engine import (
     Composed,
     Rejected,
@@ -22,6 +23,7 @@ __all__ = [
     "Resolver",
     "available_presets",
     "build_view",
+    "check_interpolation_budget",
     "compose",
     "config_groups",
     "preset_dir",

@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from verl_safe_launch.compose import _hydra
+from verl_safe_launch.compose.budget import check_interpolation_budget
 from verl_safe_launch.compose.interpolation import Resolver, Unsupported, absolute_key
-from verl_safe_launch.config_view import ConfigView, flatten
+from verl_safe_launch.config_view import ConfigView, flatten, format_value
 from verl_safe_launch.errors import ConfigError, InputError, UsageError, VslError, collect
 from verl_safe_launch.inputs import (
     ComposeRequest,
@@ -125,6 +126,7 @@ def _verl_base(
     try:
         config_ids = {id(o) for o in _hydra.config_overrides([o for o, _ in parsed])}
         groups = [o for o, _ in parsed if id(o) not in config_ids]
+        _refuse_group_values([(o, t) for o, t in parsed if id(o) not in config_ids])
         key = tuple(o.input_line for o in groups)
         if key not in _BASES:
             _BASES[key] = _compose_verl(groups)
@@ -135,6 +137,23 @@ def _verl_base(
             fix="check the config group override (e.g. model_engine=dp|megatron|veomni|torchtitan)",
         ) from None
     return _BASES[key], [(o, t) for o, t in parsed if id(o) in config_ids]
+
+
+def _refuse_group_values(groups: list[tuple[Any, OverrideToken]]) -> None:
+    """A config group takes option names: ``data=[1,2]`` would crash Hydra's defaults list, not compose."""
+    for override, token in groups:
+        value = override.value()
+        if override.is_delete() or value is None:
+            continue  # '~data' and 'data=null' are reported where the config is checked
+        names = value if isinstance(value, list) else [value]
+        if not all(isinstance(name, str) for name in names):
+            key = override.get_key_element().lstrip("+~")
+            raise UsageError(
+                f"'{token.text}': {key} is one of verl's config groups, which takes the name of a config file, "
+                f"not {format_value(value)}",
+                where=token.source.describe(),
+                fix=f"set keys below it instead ({key}.KEY=VALUE)",
+            )
 
 
 def _token_mentioned(message: str, tokens: Sequence[OverrideToken]) -> str | None:
@@ -224,10 +243,36 @@ def _leaf_write(leaf: YamlLeaf, base: Source, shown: str) -> Write:
 
 
 def _set(cfg: Any, write: Write) -> None:
+    """Write one value of a file, preset or fill; a value of the wrong shape for its node is an InputError."""
     from omegaconf import OmegaConf, open_dict
+    from omegaconf.errors import OmegaConfBaseException
 
-    with open_dict(cfg):
-        OmegaConf.update(cfg, write.key, write.value, merge=True, force_add=True)
+    try:
+        with open_dict(cfg):
+            OmegaConf.update(cfg, write.key, write.value, merge=True, force_add=True)
+    except (OmegaConfBaseException, ValueError, TypeError, KeyError) as exc:
+        detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        node = _deepest_node(cfg, write.key)
+        raise InputError(
+            f"cannot set {write.key}={format_value(write.value)}: {detail}",
+            where=write.source.describe(),
+            fix=f"give {node} a value of the shape verl's config has there "
+            f"(see 'verl-safe-launch show --key {node}')",
+        ) from None
+
+
+def _deepest_node(cfg: Any, key: str) -> str:
+    """The longest prefix of ``key`` that names a node of ``cfg`` (walked without resolving anything)."""
+    from omegaconf import DictConfig
+
+    node, found = cfg, []
+    for part in key.split("."):
+        child = node._get_node(part) if isinstance(node, DictConfig) else None
+        if child is None:
+            break
+        found.append(part)
+        node = child
+    return ".".join(found) or key
 
 
 def _try_apply(cfg: Any, override: Any, token: OverrideToken, *, lenient: bool) -> str | None:
@@ -321,10 +366,16 @@ def build_view(cfg: Any, writes: Sequence[Write]) -> ConfigView:
     from omegaconf import OmegaConf
 
     raw = flatten(OmegaConf.to_container(cfg, resolve=False))  # type: ignore[arg-type]
-    resolved = _resolved(cfg, raw)
     by_key = writes_by_key(writes)
+    check_interpolation_budget(raw, lambda key: _set_by(key, by_key))
+    resolved = _resolved(cfg, raw)
     provenance = {key: _provenance(key, resolved[key], raw[key], by_key) for key in raw}
     return ConfigView(resolved, provenance)
+
+
+def _set_by(key: str, by_key: dict[str, list[Write]]) -> str | None:
+    chain = by_key.get(key)
+    return chain[-1].source.describe() if chain else None
 
 
 def _resolved(cfg: Any, raw: dict[str, Any]) -> dict[str, Any]:

@@ -76,10 +76,26 @@ def structure_findings(composed: Composed) -> list[Finding]:
             what = f"{section} is {value!r}, not a mapping of keys"
             source = prov.source if prov else Source(Layer.CLI)
             findings.append(_section_finding(section, what, value, source))
-        elif not any(k.startswith(section + ".") for k in keys):
-            what = f"{section} was deleted"
-            findings.append(_section_finding(section, what, None, _deleting_source(composed, section)))
+        elif section in deleted or not any(k.startswith(section + ".") for k in keys):
+            gone = _deleted(composed, section, keys)
+            if gone is not None:
+                findings.append(_section_finding(section, gone, None, _deleting_source(composed, section)))
     return findings
+
+
+def _deleted(composed: Composed, section: str, keys: list[str]) -> str | None:
+    """Why ``section`` counts as deleted, or None when verl's own keys below it are still there.
+
+    Deleting a config group (``~data``) drops verl's file for it; keys a user file or a later override sets
+    below it do not bring verl's defaults back.
+    """
+    below = [k for k in keys if k.startswith(section + ".")]
+    if not below:
+        return f"{section} was deleted"
+    layers = {p.source.layer for p in (composed.view.prov(k) for k in below) if p is not None}
+    if Layer.VERL in layers:
+        return None
+    return f"{section} was deleted (the {len(below)} keys set below it afterwards do not restore verl's defaults)"
 
 
 def _section_finding(section: str, what: str, value: object, source: Source) -> Finding:

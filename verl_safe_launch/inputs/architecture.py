@@ -109,12 +109,25 @@ def _from_hf_cache(repo_id: str) -> Path | None:
     return None
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
+_FIX = "point actor_rollout_ref.model.path at a model directory with a valid config.json"
+
+
+def _read_json(path: Path, label: str) -> dict[str, Any]:
+    """A model's config.json as a mapping; an InputError when it is not one (verl's model loading would fail)."""
+    data = read_input(path, what="model config.json", where=label, limit=4 * MAX_INPUT_BYTES)
     try:
-        data = json.loads(read_input(path, what="model config.json", limit=4 * MAX_INPUT_BYTES))
-    except (ValueError, RecursionError):
-        return None
-    return data if isinstance(data, dict) else None
+        parsed = json.loads(data)
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{label} is not UTF-8 text ({exc.reason})", where=label, fix=_FIX) from None
+    except ValueError as exc:
+        raise InputError(f"{label} is not valid JSON: {exc}", where=label, fix=_FIX) from None
+    except RecursionError:
+        raise InputError(
+            f"{label} is nested too deeply to be a model config", where=label, fix=_FIX
+        ) from None
+    if not isinstance(parsed, dict):
+        raise InputError(f"{label} holds {type(parsed).__name__}, not a JSON object", where=label, fix=_FIX)
+    return parsed
 
 
 _REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
@@ -144,7 +157,7 @@ def _check_dimensions(data: dict[str, Any], label: str) -> None:
             raise InputError(
                 f"{label}: {key} is {json.dumps(value)}, not a whole number from {low} to {MAX_DIMENSION:,}",
                 where=label,
-                fix="point actor_rollout_ref.model.path at a model directory with a valid config.json",
+                fix=_FIX,
             )
 
 
@@ -158,11 +171,11 @@ def load_architecture(model_path: str | None) -> Architecture | None:
         (_from_hf_cache(str(model_path)), f"Hugging Face cache ({model_path})"),
     ]
     for path, label in candidates:
-        if path is not None and path.is_file():
-            data = _read_json(path)
-            nested = data.get("text_config") if data is not None else None
+        if path is not None and os.path.lexists(path):
+            data = _read_json(path, label)
+            nested = data.get("text_config")
             inner: dict[str, Any] = nested if isinstance(nested, dict) else {}
-            if data is not None and "hidden_size" in {**data, **inner}:
+            if "hidden_size" in {**data, **inner}:
                 _check_dimensions(data, label)
                 return from_config_dict(data, str(model_path), label)
     return _from_table(str(model_path))
@@ -173,9 +186,9 @@ def local_architectures(model_path: str | None) -> list[object] | None:
     if not model_path:
         return None
     path = Path(os.path.expanduser(str(model_path))) / "config.json"
-    data = _read_json(path) if path.is_file() else None
-    if data is None:
+    if not os.path.lexists(path):
         return None
+    data = _read_json(path, str(path))
     found = data.get("architectures")
     return list(found) if isinstance(found, list) else []
 

@@ -9,6 +9,7 @@ from typing import Any
 from verl_safe_launch.errors import UsageError
 from verl_safe_launch.provenance import Layer, Source
 
+_SWEEPS = ("choice", "range", "interval", "shuffle", "glob")
 HARDWARE_KEYS = ("nodes", "gpus_per_node", "gpu_memory_gb", "gpu_name", "flash_attn", "host_memory_gb")
 
 
@@ -96,7 +97,7 @@ def parse_override(token: OverrideToken) -> Any:
     from hydra.errors import HydraException
 
     try:
-        return OverridesParser.create().parse_override(token.text)
+        override = OverridesParser.create().parse_override(token.text)
     except HydraException as exc:
         detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise UsageError(
@@ -105,3 +106,25 @@ def parse_override(token: OverrideToken) -> Any:
             fix="write overrides as key=value, +key=value, ++key=value or ~key "
             "(quote values containing spaces or brackets)",
         ) from None
+    if override.is_sweep_override():
+        raise _sweep_error(token, override)
+    return override
+
+
+def _sweep_error(token: OverrideToken, override: Any) -> UsageError:
+    """verl runs one config: Hydra refuses a sweep without ``--multirun``, which verl's entry point never passes."""
+    key = override.get_key_element()
+    value = token.text.partition("=")[2].strip()
+    function = value.partition("(")[0].strip()
+    what = (
+        f"is a Hydra sweep ({function}(...))"
+        if function in _SWEEPS
+        else "is a Hydra sweep over several values"
+    )
+    fix = f"write one value (a list is {key}=[a,b], a string with commas is quoted: {key}='a,b'); "
+    fix += "to try several, launch once per value"
+    return UsageError(
+        f"'{token.text}' {what}: verl runs one config and refuses it",
+        where=token.source.describe(),
+        fix=fix,
+    )

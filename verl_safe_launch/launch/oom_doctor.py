@@ -13,6 +13,7 @@ from verl_safe_launch.launch.hook_stages import STAGE_BY_NAME
 from verl_safe_launch.launch.oom_log import ROLLOUT, OomEvent
 from verl_safe_launch.launch.postmortem import ESTIMATOR_STAGE, MARGIN
 from verl_safe_launch.memory import StageEstimate, estimate_memory, fit_knobs
+from verl_safe_launch.render import escape
 from verl_safe_launch.rules import with_values
 
 UTIL = f"{ARR}.rollout.gpu_memory_utilization"
@@ -282,7 +283,7 @@ def render_diagnosis(d: Diagnosis) -> str:
             )
             lines.append(f"     {effect}, peak ~{r.peak_gib:.1f} GiB: {r.why}")
         lines.append(f"paste: {' '.join(paste(d).overrides)}")
-    return "\n".join(lines) + "\n"
+    return "\n".join(escape(line) for line in lines) + "\n"  # the log's own text is never printed raw
 
 
 def paste(d: Diagnosis) -> Remedy:

@@ -109,11 +109,16 @@ def read_records(run_dir: Path) -> list[dict[str, Any]]:
         for line in read_lines(path):
             try:
                 item = json.loads(line)
-            except ValueError:
+            except (ValueError, RecursionError):  # RecursionError: a line nested thousands deep
                 continue
             if isinstance(item, dict) and "stage" in item:
                 records.append(item)
-    return sorted(records, key=lambda r: float(r.get("time") or 0.0))
+    return sorted(records, key=_time)
+
+
+def _time(record: Mapping[str, Any]) -> float:
+    value = record.get("time")
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0.0
 
 
 def first_oom(records: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from verl_safe_launch.render.escape import escape, escape_lines, render_error
 from verl_safe_launch.render.jsonout import JSON_SCHEMA_VERSION, json_document, json_text, strict_json
 from verl_safe_launch.render.report import (
     counts,
@@ -19,9 +20,12 @@ __all__ = [
     "JSON_SCHEMA_VERSION",
     "Column",
     "counts",
+    "escape",
+    "escape_lines",
     "findings_json",
     "json_document",
     "json_text",
+    "render_error",
     "render_finding",
     "render_findings_table",
     "render_findings_text",

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from verl_safe_launch.config_view import format_value
 from verl_safe_launch.findings import Finding, Severity, sort_findings
+from verl_safe_launch.render.escape import escape
 from verl_safe_launch.render.table import use_rich
 
 if TYPE_CHECKING:
@@ -15,12 +16,13 @@ if TYPE_CHECKING:
 
 def render_finding(finding: Finding) -> str:
     """One finding: the header line, each involved value with its source, then the fix."""
-    lines = [f"{finding.severity.value} [{finding.rule_id}] {finding.message}"]
-    width = max((len(key) for key, _, _ in finding.sources), default=0)
+    lines = [f"{finding.severity.value} [{finding.rule_id}] {escape(finding.message)}"]
+    width = max((len(escape(key)) for key, _, _ in finding.sources), default=0)
     for key, value, source in finding.sources:
-        lines.append(f"  {key:<{width}} = {format_value(value):<6} from {source.describe()}")
+        shown = escape(format_value(value))
+        lines.append(f"  {escape(key):<{width}} = {shown:<6} from {escape(source.describe())}")
     if finding.fix:
-        lines.append(f"  fix: {finding.fix}")
+        lines.append(f"  fix: {escape(finding.fix)}")
     return "\n".join(lines)
 
 
@@ -105,12 +107,13 @@ def render_findings_table(
 def _cell(finding: Finding) -> Text:
     from rich.text import Text
 
-    text = Text(finding.message)
+    text = Text(escape(finding.message))
     for key, value, source in finding.sources:
-        text.append(f"\n  {key} = {format_value(value)}  from {source.describe()}", style="dim")
+        line = f"{escape(key)} = {escape(format_value(value))}  from {escape(source.describe())}"
+        text.append(f"\n  {line}", style="dim")
     if finding.fix:
         text.append("\n  fix: ", style="bold")
-        text.append(finding.fix)
+        text.append(escape(finding.fix))
     return text
 
 

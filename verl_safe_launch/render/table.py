@@ -8,6 +8,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from verl_safe_launch.render.escape import escape
+
 
 @dataclass(frozen=True)
 class Column:
@@ -33,6 +35,7 @@ def render_table(
     """
     if any(len(row) != len(columns) for row in rows):
         raise ValueError(f"every row needs {len(columns)} cells")
+    rows = [[escape(cell) for cell in row] for row in rows]
     if use_rich() if rich is None else rich:
         return _rich(columns, rows)
     return _plain(columns, rows, gap)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import functools
+import stat
 from pathlib import Path
 
 from verl_safe_launch.config_view import ConfigView
 from verl_safe_launch.context import RuleContext
+from verl_safe_launch.files import kind_of
 from verl_safe_launch.findings import Rule, Severity
 from verl_safe_launch.rules.kit import Draft, check, kv
 
@@ -67,8 +69,8 @@ def files_remote(ctx: RuleContext) -> list[Draft]:
 
 
 @functools.lru_cache(maxsize=64)
-def _columns(path: str, stamp: tuple[float, int]) -> tuple[str, ...] | None:
-    """Column names of a parquet file (schema only), None when it cannot be read."""
+def _schema(path: str, stamp: tuple[float, int]) -> tuple[str, ...] | str | None:
+    """Column names of a parquet file (schema only), the reason when it cannot be read, None without pyarrow."""
     del stamp  # part of the cache key: a rewritten file is read again
     try:
         import pyarrow.parquet as pq  # type: ignore[import-untyped]
@@ -76,8 +78,49 @@ def _columns(path: str, stamp: tuple[float, int]) -> tuple[str, ...] | None:
         return None
     try:
         return tuple(pq.read_schema(path).names)
-    except (OSError, ValueError):
+    except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
+        return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+
+def _columns(path: str, stamp: tuple[float, int]) -> tuple[str, ...] | None:
+    found = _schema(path, stamp)
+    return found if isinstance(found, tuple) else None
+
+
+def _unreadable(local: Path) -> str | None:
+    """Why verl cannot read a local data file that exists: not a regular file, or a parquet file that is not one."""
+    try:
+        mode = local.stat().st_mode
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    if stat.S_ISDIR(mode):
+        return None  # a directory of parquet files is verl's to list
+    if not stat.S_ISREG(mode):
+        return f"it is {kind_of(mode)}, not a regular file"
+    if local.suffix != ".parquet":
         return None
+    st = local.stat()
+    found = _schema(str(local), (st.st_mtime, st.st_size))
+    return f"it is not a readable parquet file ({found})" if isinstance(found, str) else None
+
+
+@check("data-file-unreadable", "local data files are regular, readable parquet files")
+def file_unreadable(ctx: RuleContext) -> list[Draft]:
+    """A named pipe, a device or a corrupt parquet file fails verl when it loads the dataset."""
+    out: list[Draft] = []
+    for key in FILE_KEYS:
+        for path in _paths(ctx.view.get(key)):
+            local = Path(path).expanduser()
+            if _remote(path) or not local.exists():
+                continue
+            reason = _unreadable(local)
+            if reason is not None:
+                here = ctx.hardware.on_this_machine
+                where = "" if here else " (on this machine; the job may see another file)"
+                msg = f"{kv(ctx.view, key)}: verl cannot load '{path}'{where}: {reason}"
+                fix = f"{key}=/path/to/your/{'train' if 'train' in key else 'test'}.parquet"
+                out.append(Draft((key,), msg, (), None if here else Severity.WARNING, fix))
+    return out
 
 
 @check("data-prompt-key-missing", "the parquet files have data.prompt_key")
@@ -107,4 +150,4 @@ def prompt_key_missing(ctx: RuleContext) -> list[Draft]:
     return out
 
 
-RULES: tuple[Rule[RuleContext], ...] = (files_missing, files_remote, prompt_key_missing)
+RULES: tuple[Rule[RuleContext], ...] = (files_missing, files_remote, file_unreadable, prompt_key_missing)

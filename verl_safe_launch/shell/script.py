@@ -58,7 +58,9 @@ def parse_script(
         raise InputError(
             f"cannot read {name}: {exc.message}",
             where=f"{name}:{exc.line}",
-            fix="check the quotes and brackets on that line (bash -n runs the same check)",
+            fix="write the value without nesting expansions that deep"
+            if "(the limit)" in exc.message
+            else "check the quotes and brackets on that line (bash -n runs the same check)",
         ) from None
     reader = _Reader(name, env)
     if "\r\n" in text:

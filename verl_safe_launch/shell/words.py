@@ -82,9 +82,14 @@ _DQ_ESCAPABLE = '$`"\\'
 _SPECIAL_PARAMS = "#?$!-0123456789"
 
 
+MAX_NESTING = 32
+"""The deepest ``${A:-${B:-...}}`` a script may nest (bash has no limit; Python's stack has)."""
+
+
 class _Lexer:
-    def __init__(self, text: str) -> None:
+    def __init__(self, text: str, nesting: int = 0) -> None:
         self.text = text
+        self.nesting = nesting
         self.i = 0
         self.line = 1
         self.out: list[Token] = []
@@ -284,7 +289,9 @@ class _Lexer:
         if op is None:
             return Part(PartKind.VAR, name, quoted)
         alt = op.endswith("+")
-        default_parts = _default_parts(default, quoted)
+        if self.nesting >= MAX_NESTING:
+            raise ShellSyntaxError(f"expansions nested over {MAX_NESTING} deep (the limit)", self.line)
+        default_parts = _default_parts(default, quoted, self.nesting + 1)
         return Part(
             PartKind.VAR, name, quoted, default=default_parts, unset_only=not op.startswith(":"), alt=alt
         )
@@ -415,9 +422,9 @@ def _closing_double_quote(text: str, start: int) -> int:
     return -1
 
 
-def _default_parts(text: str, quoted: bool) -> tuple[Part, ...]:
+def _default_parts(text: str, quoted: bool, nesting: int) -> tuple[Part, ...]:
     """The parts of the ``word`` in ``${NAME:-word}``."""
-    tokens = _Lexer(text.replace("\n", " ") if not quoted else text).run()
+    tokens = _Lexer(text.replace("\n", " ") if not quoted else text, nesting).run()
     parts: list[Part] = []
     for token in tokens:
         if isinstance(token, Word):
