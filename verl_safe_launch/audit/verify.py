@@ -63,12 +63,21 @@ class Unread:
 
     def structural(self) -> ScriptNote | None:
         """An unread part that could choose a config group (``model_engine=...``): every key may change."""
-        groups = config_groups()
-        for group in groups:
-            part = self.supplier(group)
-            if part is not None:
-                return part
+        for group in config_groups():
+            for part in self.parts:
+                if self.pinned(group, part):
+                    continue
+                if part.supplies is None or any(_chooses(group, key) for key in part.supplies):
+                    return part
         return None
+
+
+def _chooses(group: str, supplied: str) -> bool:
+    """An unread value of ``supplied`` chooses ``group`` only when it is the group or a node above it.
+
+    ``data.train_files="$X"`` changes that one value, never which config ``data`` is composed from.
+    """
+    return group == supplied or group.startswith(supplied + ".")
 
 
 def _related(key: str, supplied: str) -> bool:

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from verl_safe_launch.audit import qualify, script_findings, unread_count
+from verl_safe_launch.audit import Reading, across_worlds, qualify, script_findings, unread_count
 from verl_safe_launch.cli._common import add_format_arg, make_parser, parse, print_json
 from verl_safe_launch.compose import Overlay
 from verl_safe_launch.errors import EXIT_OK, EXIT_PREFLIGHT, EXIT_USAGE, InputError, UsageError, VslError
@@ -130,7 +130,15 @@ class Auditor:
     def launch(
         self, launch: ScriptLaunch, hardware: HardwareProfile | None = None, job: JobScript | None = None
     ) -> LaunchAudit:
-        """Compose one launch (the script's overrides, then the passthrough arguments) and pre-flight it."""
+        """Compose one launch (the script's overrides, then the passthrough arguments) and pre-flight it.
+
+        A launch with possible worlds (branches the script does not decide) is judged in each of them.
+        """
+        if launch.worlds:
+            audits = [self.launch(world, hardware, job) for world in launch.worlds]
+            readings = [Reading(a.findings, a.unread, a.launch.branch) for a in audits]
+            findings, unread = across_worlds(readings)
+            return LaunchAudit(launch, tuple(findings), unread)
         passthrough = self.passthrough if launch.passthrough and self.trace is None else ()
         composed = self.overlay.compose(launch.request(passthrough))
         pre = run_preflight(composed, hardware or self.hardware)

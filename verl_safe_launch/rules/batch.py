@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from verl_safe_launch.config_view import ARR, ConfigView
+from verl_safe_launch.config_view import ARR, ConfigView, ref_in_actor
 from verl_safe_launch.context import RuleContext
 from verl_safe_launch.findings import Rule
 from verl_safe_launch.rules.fixes import KeyFix, divisor_fix, set_fix
@@ -276,13 +276,6 @@ def logprob_micro(ctx: RuleContext) -> list[Draft]:
     if p.dynamic:
         return []
     return _logprob(ctx.view, p, LOGPROB_MICRO, p.logprob_rows, p.actor, "old log-prob")
-
-
-def ref_in_actor(view: ConfigView) -> bool:
-    """With LoRA the reference is the actor without its adapter (no separate model, no ref micro batch)."""
-    lora = view.get(f"{ARR}.model.lora.rank")
-    rank = lora if isinstance(lora, int) and lora > 0 else view.get(f"{ARR}.model.lora_rank")
-    return (isinstance(rank, int) and rank > 0) or view.get(f"{ARR}.model.lora_adapter_path") is not None
 
 
 @check(

@@ -70,6 +70,10 @@ class ScriptLaunch:
     notes: tuple[ScriptNote, ...] = ()
     exports: tuple[Export, ...] = ()
     """Exported variables with known values when the launch runs (``export VLLM_ATTENTION_BACKEND=...``)."""
+    worlds: tuple[ScriptLaunch, ...] = ()
+    """The launch as read in every possible world (one branch of each if/case the script does not decide)."""
+    branch: str = ""
+    """In a possible world: the branches it takes (``the if on line 4 takes branch 2``)."""
 
     @property
     def label(self) -> str:
