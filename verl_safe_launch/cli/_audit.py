@@ -118,7 +118,7 @@ class Auditor:
         assert self.trace is not None
         args = tuple(token.text for token in self.passthrough)
         trace = trace_script(path, self.trace.env, self.trace.timeout, args)
-        launches = traced_launches(str(path), trace.calls, static)
+        launches = traced_launches(str(path), trace.calls, static, self.passthrough)
         if not launches:
             raise InputError(
                 f"{path} ran no 'python -m verl.trainer.main_ppo' under --trace (bash exited {trace.returncode})",
