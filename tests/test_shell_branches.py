@@ -116,3 +116,30 @@ def test_an_error_in_every_world_is_no_go_and_one_in_some_worlds_cannot_be_verif
     assert item.verdict == "unverified"
     only = [f for f in item.findings if f.rule_id == "cannot-verify" and "takes branch 2" in f.message]
     assert only and "n_gpu_per_node" in only[0].message
+
+
+REFUSED = """\
+python3 -m verl.trainer.main_ppo algorithm.adv_estimator=grpo actor_rollout_ref.rollout.name=vllm \\
+  actor_rollout_ref.model.path=Qwen/Qwen2.5-0.5B-Instruct \\
+  actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4 actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4 \\
+  {override} $EXTRA
+"""
+
+
+@pytest.mark.parametrize(
+    ("override", "verdict"),
+    [
+        ("+actor_rollout_ref.actor.policy_loss.tau_pos=1.0", "no-go"),  # PolicyLossConfig under every engine
+        ("+data.max_prompt_length=256", "no-go"),  # '+' on a key every config has
+        ("actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2", "unverified"),  # $EXTRA may pick megatron
+    ],
+)
+def test_a_refused_override_stays_refused_whatever_an_unread_word_is(
+    tmp_path: object, override: str, verdict: str
+) -> None:
+    from pathlib import Path
+
+    path = Path(str(tmp_path)) / "run.sh"
+    path.write_text(REFUSED.format(override=override))
+    item = Auditor().script(path).launches[0]
+    assert item.verdict == verdict, [(f.rule_id, f.message) for f in item.findings]

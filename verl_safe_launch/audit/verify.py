@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
 from verl_safe_launch.compose import config_groups
@@ -16,6 +16,11 @@ STRUCTURE_RULES = frozenset(
     {"unknown-key", "new-key", "dataclass-field", "ignored-key", "deprecated-key", "engine-mismatch"}
 )
 """Rules about which keys exist: another config group (``model_engine=megatron``) changes their answer."""
+REFUSALS = frozenset({"unknown-key", "new-key", "dataclass-field"})
+"""Overrides Hydra or a verl dataclass refuses: written out in full, they may stay refused whatever config group an
+unread word chooses (``Everywhere`` asks)."""
+Everywhere = Callable[[Finding], bool]
+"""Whether a finding holds in every config group an unread word could choose."""
 
 
 @dataclass(frozen=True)
@@ -42,6 +47,15 @@ class Unread:
                 continue
             if part.supplies is None or any(_related(key, supplied) for supplied in part.supplies):
                 return part
+        return None
+
+    def supplier_of(self, finding: Finding) -> ScriptNote | None:
+        """The unread part that could set one of the finding's keys itself (not only a config group)."""
+        for key in depends_on(finding):
+            for part in self.parts:
+                supplies = part.supplies or ()
+                if not self.pinned(key, part) and any(_related(key, supplied) for supplied in supplies):
+                    return part
         return None
 
     def pinned(self, key: str, part: ScriptNote) -> bool:
@@ -91,11 +105,15 @@ def depends_on(finding: Finding) -> tuple[str, ...]:
     return tuple(dict.fromkeys(keys))
 
 
-def qualify(findings: Iterable[Finding], launch: ScriptLaunch) -> list[Finding]:
+def qualify(
+    findings: Iterable[Finding], launch: ScriptLaunch, everywhere: Everywhere | None = None
+) -> list[Finding]:
     """Judge a launch's findings by what was read.
 
     Every error and warning that an unread part of the launch could change becomes "cannot verify"; a shared
     value replaced on the launch line itself is a warning; an explicit value emptied by an unset variable is one.
+    A refused override (``REFUSALS``) that only a config-group choice could change stays when ``everywhere`` says
+    it is refused in every group.
     """
     findings = [_deliberate(f, launch) for f in findings]
     unread = Unread.of(launch)
@@ -108,8 +126,17 @@ def qualify(findings: Iterable[Finding], launch: ScriptLaunch) -> list[Finding]:
             out.append(finding)
             continue
         part = unread.changes(finding, structural)
+        if part is not None and part is structural and _refused_everywhere(finding, unread, everywhere):
+            part = None
         out.append(finding if part is None else cannot_verify(finding, part, launch))
     return [*out, *_emptied(launch)]
+
+
+def _refused_everywhere(finding: Finding, unread: Unread, everywhere: Everywhere | None) -> bool:
+    """A refused override no unread part writes itself, refused under every config group an unread word picks."""
+    if finding.rule_id not in REFUSALS or everywhere is None:
+        return False
+    return unread.supplier_of(finding) is None and everywhere(finding)
 
 
 def _deliberate(finding: Finding, launch: ScriptLaunch) -> Finding:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from verl_safe_launch.audit import Reading, across_worlds, qualify, script_findings, unread_count
+from verl_safe_launch.audit import Reading, across_worlds, audit, qualify, script_findings, unread_count
 from verl_safe_launch.cli._common import add_format_arg, make_parser, parse, print_json
-from verl_safe_launch.compose import Overlay
+from verl_safe_launch.compose import Overlay, model_engines
 from verl_safe_launch.errors import EXIT_OK, EXIT_PREFLIGHT, EXIT_USAGE, InputError, UsageError, VslError
 from verl_safe_launch.findings import Finding, Severity, has_errors
 from verl_safe_launch.inputs import (
@@ -147,7 +147,30 @@ class Auditor:
             findings += bringup_findings(job, composed.view)
         if self.passthrough and launch.passthrough is None and self.trace is None:
             findings.append(_unused_passthrough(launch))
-        return LaunchAudit(launch, tuple(qualify(findings, launch)), unread_count(launch))
+        everywhere = _Everywhere(self.overlay, launch, passthrough)
+        return LaunchAudit(launch, tuple(qualify(findings, launch, everywhere)), unread_count(launch))
+
+
+class _Everywhere:
+    """Whether a refused override stays refused under every model engine an unread word could choose."""
+
+    def __init__(
+        self, overlay: Overlay, launch: ScriptLaunch, passthrough: tuple[OverrideToken, ...]
+    ) -> None:
+        self.overlay, self.launch, self.passthrough = overlay, launch, passthrough
+        self.found: list[set[tuple[str, tuple[str, ...]]]] | None = None
+
+    def __call__(self, finding: Finding) -> bool:
+        if self.found is None:
+            self.found = [self._refusals(engine) for engine in model_engines()]
+        return all((finding.rule_id, finding.keys) in found for found in self.found)
+
+    def _refusals(self, engine: str) -> set[tuple[str, tuple[str, ...]]]:
+        choice = OverrideToken(f"model_engine={engine}", Source(Layer.SCRIPT, self.launch.path))
+        base = self.launch.request(self.passthrough)
+        request = replace(base, overrides=(*base.overrides, choice))
+        findings = audit(self.overlay.compose(request))
+        return {(f.rule_id, f.keys) for f in findings if f.severity is Severity.ERROR}
 
 
 def _unused_passthrough(launch: ScriptLaunch) -> Finding:
