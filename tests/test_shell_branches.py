@@ -131,7 +131,10 @@ python3 -m verl.trainer.main_ppo algorithm.adv_estimator=grpo actor_rollout_ref.
     [
         ("+actor_rollout_ref.actor.policy_loss.tau_pos=1.0", "no-go"),  # PolicyLossConfig under every engine
         ("+data.max_prompt_length=256", "no-go"),  # '+' on a key every config has
-        ("actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2", "unverified"),  # $EXTRA may pick megatron
+        (
+            "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
+            "unverified",
+        ),  # $EXTRA may pick megatron
     ],
 )
 def test_a_refused_override_stays_refused_whatever_an_unread_word_is(

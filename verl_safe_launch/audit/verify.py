@@ -126,15 +126,20 @@ def qualify(
             out.append(finding)
             continue
         part = unread.changes(finding, structural)
-        if part is not None and part is structural and _refused_everywhere(finding, unread, everywhere):
+        if part is structural and part is not None and _refused_everywhere(finding, part, unread, everywhere):
             part = None
         out.append(finding if part is None else cannot_verify(finding, part, launch))
     return [*out, *_emptied(launch)]
 
 
-def _refused_everywhere(finding: Finding, unread: Unread, everywhere: Everywhere | None) -> bool:
-    """A refused override no unread part writes itself, refused under every config group an unread word picks."""
-    if finding.rule_id not in REFUSALS or everywhere is None:
+def _refused_everywhere(
+    finding: Finding, part: ScriptNote, unread: Unread, everywhere: Everywhere | None
+) -> bool:
+    """A refused override no unread part writes itself, refused under every config group an unread word picks.
+
+    An unread config file is no such word: it can add the very key the override needs.
+    """
+    if finding.rule_id not in REFUSALS or everywhere is None or part.kind == "config":
         return False
     return unread.supplier_of(finding) is None and everywhere(finding)
 
@@ -185,7 +190,10 @@ def _emptied_one(launch: ScriptLaunch, note: ScriptNote, key: str, token: Overri
 
 
 def cannot_verify(finding: Finding, part: ScriptNote, launch: ScriptLaunch) -> Finding:
-    """The finding, as information: what it would say, and the unread part (text and line) that could change it."""
+    """What the finding would say, and the unread part (text and line) that could change it.
+
+    One that would say verl fails is a warning (never info: the user must see it); a warning becomes info.
+    """
     message = (
         f"cannot verify [{finding.rule_id}]: {finding.message}; line {part.line} ({part.raw}) is not read "
         f"and could change it: {part.detail}"
@@ -193,7 +201,12 @@ def cannot_verify(finding: Finding, part: ScriptNote, launch: ScriptLaunch) -> F
     source = Source(Layer.SCRIPT, launch.path, part.line, raw=part.raw)
     fix = f"pass the value after '--' to audit it: verl-safe-launch audit {launch.path} -- KEY=VALUE"
     sources = (*finding.sources, ("unread", part.raw, source))
-    return Finding(CANNOT_VERIFY, Severity.INFO, finding.keys, message, fix, sources)
+    return Finding(CANNOT_VERIFY, doubtful_severity(finding), finding.keys, message, fix, sources)
+
+
+def doubtful_severity(finding: Finding) -> Severity:
+    """The severity of a finding an unread part could change: an error is a warning, anything else info."""
+    return Severity.WARNING if finding.severity is Severity.ERROR else Severity.INFO
 
 
 def unread_count(launch: ScriptLaunch) -> int:
@@ -201,4 +214,12 @@ def unread_count(launch: ScriptLaunch) -> int:
     return len(Unread.of(launch).parts)
 
 
-__all__ = ["CANNOT_VERIFY", "Unread", "cannot_verify", "depends_on", "qualify", "unread_count"]
+__all__ = [
+    "CANNOT_VERIFY",
+    "Unread",
+    "cannot_verify",
+    "depends_on",
+    "doubtful_severity",
+    "qualify",
+    "unread_count",
+]

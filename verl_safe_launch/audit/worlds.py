@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from verl_safe_launch.audit.verify import CANNOT_VERIFY
+from verl_safe_launch.audit.verify import CANNOT_VERIFY, doubtful_severity
 from verl_safe_launch.findings import Finding, Severity
 
 
@@ -31,7 +31,7 @@ def across_worlds(readings: Sequence[Reading]) -> tuple[list[Finding], int]:
     for reading in readings:
         for finding in reading.findings:
             key = _key(finding)
-            if finding.severity is Severity.INFO or key in everywhere:
+            if finding.severity is Severity.INFO or finding.rule_id == CANNOT_VERIFY or key in everywhere:
                 if key not in seen:
                     seen.add(key)
                     out.append(finding)
@@ -57,7 +57,7 @@ def _only_in(finding: Finding, branch: str) -> Finding:
         "is chosen by a value the script does not set"
     )
     fix = "audit the path bash takes: verl-safe-launch audit --trace --env NAME=VALUE SCRIPT"
-    return Finding(CANNOT_VERIFY, Severity.INFO, finding.keys, message, fix, finding.sources)
+    return Finding(CANNOT_VERIFY, doubtful_severity(finding), finding.keys, message, fix, finding.sources)
 
 
 __all__ = ["Reading", "across_worlds"]

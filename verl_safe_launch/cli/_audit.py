@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from verl_safe_launch.audit import Reading, across_worlds, audit, qualify, script_findings, unread_count
-from verl_safe_launch.cli._common import add_format_arg, make_parser, parse, print_json
+from verl_safe_launch.cli._common import add_format_arg, add_verbose_arg, make_parser, parse, print_json
 from verl_safe_launch.compose import Overlay, model_engines
 from verl_safe_launch.errors import EXIT_OK, EXIT_PREFLIGHT, EXIT_USAGE, InputError, UsageError, VslError
 from verl_safe_launch.findings import Finding, Severity, has_errors
@@ -209,6 +209,7 @@ def main(args: Sequence[str], offset: int) -> int:
         "--timeout", type=float, default=30.0, help="with --trace: seconds before the script is stopped"
     )
     add_format_arg(parser)
+    add_verbose_arg(parser)
     own, extra, extra_at = _split_passthrough(args)
     ns = parse(parser, own)
     positions = [offset + extra_at + i + 1 for i in range(len(extra))]
@@ -218,7 +219,7 @@ def main(args: Sequence[str], offset: int) -> int:
     if ns.format == "json":
         print_json(audit_json(results))
     else:
-        print(render_audit_text(results), end="")
+        print(render_audit_text(results, verbose=ns.verbose), end="")
     return _exit_code(results, strict=ns.strict)
 
 
@@ -254,7 +255,7 @@ def _exit_code(results: list[ScriptAudit], *, strict: bool = False) -> int:
     return EXIT_OK
 
 
-def render_audit_text(results: list[ScriptAudit]) -> str:
+def render_audit_text(results: list[ScriptAudit], *, verbose: bool = True) -> str:
     """Per script and launch: a header, the findings, the verdict; then the total when there are several."""
     blocks: list[str] = []
     everything: list[Finding] = []
@@ -264,7 +265,7 @@ def render_audit_text(results: list[ScriptAudit]) -> str:
         for item in result.launches:
             launch = item.launch
             header = f"== {launch.label}: launch {launch.index} of {len(result.launches)}, {len(launch.tokens)} overrides"
-            blocks.append(f"{header}\n{render_report(item.findings, item.unread)}")
+            blocks.append(f"{header}\n{render_report(item.findings, item.unread, verbose=verbose)}")
             everything.extend(item.findings)
     if sum(len(r.launches) for r in results) > 1:
         unread = sum(item.unread for r in results for item in r.launches)
