@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import replace
 
 from verl_safe_launch.audit.aliases import (
     ALIASES,
@@ -83,9 +84,10 @@ def _alias_alone(ctx: AuditContext, alias: Alias, old: Write) -> Finding:
     severity = alias.alone if ctx.role_used(alias.old) else Severity.WARNING
     unused = "" if ctx.role_used(alias.old) else " (this run does not use that model, so it stays harmless)"
     message = f"{alias.old}={format_value(old.value)} is deprecated: {alias.why}{unused}"
-    return finding(
+    found = finding(
         "deprecated-alias", severity, (alias.old,), message, _alias_fix(ctx, alias, old.value), [old]
     )
+    return replace(found, reads=(alias.new,))  # set, it would be the pair
 
 
 def _alias_fix(ctx: AuditContext, alias: Alias, value: object) -> str:

@@ -102,6 +102,7 @@ def depends_on(finding: Finding) -> tuple[str, ...]:
     """The keys a finding depends on: the keys it names and the keys of the values it cites."""
     keys = [k for k in finding.keys if k and not k.startswith("$")]
     keys.extend(key for key, _value, _source in finding.sources if key and not key.startswith("$"))
+    keys.extend(finding.reads)
     return tuple(dict.fromkeys(keys))
 
 
