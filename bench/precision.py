@@ -3,8 +3,11 @@
 The expected verdict of every launch comes from running the script under bash with the launchers replaced by
 recorders (``--trace``), composing what bash passed with Hydra, and asking the installed verl's own
 ``validate_config``; ``expected.json`` may add, per launch, rules that model a failure verl only hits after Ray
-starts (``late``). Prints error precision (errors on launches that really fail / all errors), false NO-GO (launches
-that run but are declared NO-GO), false GO, unverified launches and crashes.
+starts (``late``), mark a launch whose failure depends on a value from outside the script (``outside``: UNVERIFIED is
+a right answer there), or leave a launch to a check this bench does not measure (``skip``: the reason). Prints error
+precision (errors on launches that really fail / all errors), recall (launches verl refuses that are NO-GO / all
+launches verl refuses), false NO-GO (launches that run but are declared NO-GO), false GO, unverified launches and
+crashes.
 
     .venv/bin/python bench/precision.py            # audit the corpus and compare with expected.json
     .venv/bin/python bench/precision.py --derive   # recompute expected.json from bash + Hydra + verl
@@ -54,12 +57,8 @@ def derive(model: Path) -> dict[str, Any]:
         entries = []
         for k, launch in enumerate(launches):
             reason = _verl_reason(launch.request(lenient=True), model)
-            late = (
-                old.get(path.name, [{}] * (k + 1))[k].get("late", [])
-                if k < len(old.get(path.name, []))
-                else []
-            )
-            entries.append({"verl": reason, "late": late})
+            kept = old.get(path.name, [])[k] if k < len(old.get(path.name, [])) else {}
+            entries.append({"late": [], **kept, "verl": reason})
         out[path.name] = entries
         print(f"{path.name}: {[(e['verl'] is None and 'runs') or 'fails' for e in entries]}", flush=True)
     return out
@@ -86,7 +85,11 @@ def measure(expected: dict[str, Any]) -> dict[str, Any]:
         "right": 0,
         "false_nogo": [],
         "false_go": [],
-        "unverified": 0,
+        "unverified": [],
+        "refused": 0,
+        "refused_nogo": 0,
+        "missed": [],
+        "skipped": [],
         "crashes": [],
         "wrong": [],
     }
@@ -106,9 +109,13 @@ def measure(expected: dict[str, Any]) -> dict[str, Any]:
 
 
 def _judge(tally: dict[str, Any], label: str, item: Any, expected: list[dict[str, Any]]) -> None:
+    if expected and expected[0].get("skip"):
+        tally["skipped"].append(f"{label} ({expected[0]['skip']})")
+        return
     tally["launches"] += 1
     fails = bool(expected) and expected[0]["verl"] is not None
     late = set(expected[0].get("late", [])) if expected else set()
+    outside = bool(expected) and bool(expected[0].get("outside"))
     errors = [f for f in item.findings if f.severity is Severity.ERROR]
     tally["errors"] += len(errors)
     for finding in errors:
@@ -117,7 +124,13 @@ def _judge(tally: dict[str, Any], label: str, item: Any, expected: list[dict[str
         else:
             tally["wrong"].append(f"{label}: [{finding.rule_id}] {finding.message[:140]}")
     verdict = item.verdict
-    tally["unverified"] += verdict == "unverified"
+    if verdict == "unverified":
+        tally["unverified"].append(label + (" (outside)" if outside else ""))
+    if (fails or late) and not outside:
+        tally["refused"] += 1
+        tally["refused_nogo"] += verdict == "no-go"
+        if verdict != "no-go":
+            tally["missed"].append(f"{label} ({verdict})")
     if verdict == "no-go" and not fails and not late:
         tally["false_nogo"].append(label)
     if verdict == "go" and (fails or late):
@@ -144,10 +157,16 @@ def main() -> int:
     print(
         f"corpus: {tally['scripts']} scripts, {tally['launches']} launches ({time.perf_counter() - start:.0f} s)"
     )
+    recall = tally["refused_nogo"] / tally["refused"] if tally["refused"] else 1.0
     print(f"error findings: {tally['errors']}, right: {tally['right']}, error precision: {precision:.1%}")
+    print(
+        f"launches verl refuses: {tally['refused']}, NO-GO: {tally['refused_nogo']}, recall: {recall:.1%}"
+        f"; missed {tally['missed']}"
+    )
     print(f"false NO-GO: {len(tally['false_nogo'])} {tally['false_nogo']}")
     print(f"false GO: {len(tally['false_go'])} {tally['false_go']}")
-    print(f"unverified launches: {tally['unverified']}")
+    print(f"unverified launches: {len(tally['unverified'])} {tally['unverified']}")
+    print(f"left to other checks: {len(tally['skipped'])} {tally['skipped']}")
     print(f"crashes: {len(tally['crashes'])} {tally['crashes']}")
     for line in tally["wrong"]:
         print(f"  wrong: {line}")

@@ -98,11 +98,11 @@ def test_audit_false_then_true_exits_1_and_names_both_lines(cli: Cli) -> None:
 
 def test_audit_passthrough_is_no_false_error(cli: Cli) -> None:
     script = SCRIPTS / "grpo_gsm8k.sh"
-    result = cli("audit", str(script), "--", "trainer.nnodes=2", f"{ARR}.rollout.n=8")
+    result = cli("audit", str(script), "--verbose", "--", "trainer.nnodes=2", f"{ARR}.rollout.n=8")
     assert result.code == 0, result.out
     assert "error [" not in result.out
     assert (
-        f"info [script-passthrough] trainer.nnodes=2 passed to the script (argument 4) replaces the script's 1 "
+        f"info [script-passthrough] trainer.nnodes=2 passed to the script (argument 5) replaces the script's 1 "
         f'({script}:45), as "$@" intends'
     ) in result.out
 
@@ -263,3 +263,11 @@ def test_migrate_fix_writes_deprecated_keys_the_new_way_and_keeps_exports(cli: C
     assert view.get("ray_kwargs.ray_init.runtime_env.env_vars.VLLM_ATTENTION_BACKEND") == "XFORMERS"
     check = cli("check", "-c", str(out))
     assert "deprecated-alias" not in check.out and "runtime_env" not in check.out
+
+
+def test_info_notes_are_one_line_unless_verbose(cli: Cli) -> None:
+    script = str(SCRIPTS / "grpo_gsm8k.sh")
+    short, full = cli("audit", script), cli("audit", "--verbose", script)
+    assert "info [" not in short.out and "--verbose lists them" in short.out
+    assert full.out.count("info [") >= 2 and "--verbose lists them" not in full.out
+    assert short.out.splitlines()[-1] == full.out.splitlines()[-1]  # the same verdict and counts

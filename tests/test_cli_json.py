@@ -127,3 +127,13 @@ def test_strict_json_replaces_only_non_finite_numbers() -> None:
         "b": {"c": 0, "d": "nan"},
         "e": "x",
     }
+
+
+def test_an_unreadable_script_is_never_go(tmp_path: Path, cli: Callable[..., CliResult]) -> None:
+    good = str(DATA / "scripts" / "grpo_gsm8k.sh")
+    for argv in ((str(tmp_path / "missing.sh"),), (good, str(tmp_path / "missing.sh"))):
+        result = cli("audit", *argv, "--format", "json")
+        assert result.code == 2
+        data = strict_loads(result.out)
+        assert data["verdict"] == "input-error"
+        assert any(script["error"] for script in data["scripts"])

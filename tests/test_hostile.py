@@ -373,7 +373,7 @@ def test_pasteable_hints_are_quoted(tmp_path: Path, cli: Cli) -> None:
     assert f"submit with: sbatch '{folder}/job.sbatch'" in result.out
     script = folder / "run.sh"
     script.write_text(f'{LAUNCH} data.train_files=$HOME/x "$@"\n')
-    result = cli("audit", str(script))
+    result = cli("audit", "--verbose", str(script))
     assert f"verl-safe-launch audit '{script}' -- KEY=VALUE" in result.out
 
 

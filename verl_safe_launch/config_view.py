@@ -88,6 +88,16 @@ def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def ref_in_actor(view: ConfigView) -> bool:
+    """With LoRA the reference is the actor without its adapter: no reference worker, no ref micro batch.
+
+    verl decides this in its trainers (``ref_in_actor = lora_rank > 0 or lora_adapter_path is not None``).
+    """
+    lora = view.get(f"{ARR}.model.lora.rank")
+    rank = lora if isinstance(lora, int) and lora > 0 else view.get(f"{ARR}.model.lora_rank")
+    return (isinstance(rank, int) and rank > 0) or view.get(f"{ARR}.model.lora_adapter_path") is not None
+
+
 def layer_of(view: ConfigView, key: str) -> Layer | None:
     """The layer that set the final value of ``key``."""
     prov = view.provenance.get(key)

@@ -31,6 +31,8 @@ class Finding:
     message: str
     fix: str | None = None
     sources: tuple[tuple[str, object, Source], ...] = field(default=())
+    reads: tuple[str, ...] = field(default=(), compare=False)
+    """Every key the rule's arithmetic read to reach this finding (beyond ``keys``): what could change it."""
 
     def to_json(self) -> dict[str, object]:
         """Stable JSON form (see docs/concepts/findings.md, 'JSON reports')."""

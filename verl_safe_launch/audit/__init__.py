@@ -32,6 +32,7 @@ from verl_safe_launch.audit.upgrade import (
 )
 from verl_safe_launch.audit.values import STRATEGY_KEYS
 from verl_safe_launch.audit.verify import CANNOT_VERIFY, depends_on, qualify, unread_count
+from verl_safe_launch.audit.worlds import Reading, across_worlds
 
 __all__ = [
     "ALIASES",
@@ -46,7 +47,9 @@ __all__ = [
     "Change",
     "Migration",
     "Move",
+    "Reading",
     "Upgrade",
+    "across_worlds",
     "audit",
     "command_line",
     "covered",

@@ -29,6 +29,8 @@ class Alias:
     why: str
     both: str
     fix: str = "{new}={value}"
+    gate: str = ""
+    """A micro-batch pair verl checks only while this key is false; such a pair is a ``verl-*-micro-keys`` finding."""
 
 
 _CRITIC_FIX = "delete {old}; size the critic with {budget}"
@@ -39,6 +41,7 @@ ALIASES: tuple[Alias, ...] = (
         Severity.ERROR,
         _LATE_FAIL,
         "verl refuses the pair in validate_config",
+        gate=f"{ARR}.actor.use_dynamic_bsz",
     ),
     Alias(
         f"{ARR}.rollout.log_prob_micro_batch_size",
@@ -46,6 +49,7 @@ ALIASES: tuple[Alias, ...] = (
         Severity.ERROR,
         _LATE_FAIL,
         "verl refuses the pair in validate_config",
+        gate=f"{ARR}.actor.use_dynamic_bsz",
     ),
     Alias(
         f"{ARR}.ref.log_prob_micro_batch_size",
@@ -53,6 +57,7 @@ ALIASES: tuple[Alias, ...] = (
         Severity.ERROR,
         _LATE_FAIL,
         "verl refuses the pair in validate_config",
+        gate=f"{ARR}.actor.use_dynamic_bsz",
     ),
     Alias(
         "critic.ppo_micro_batch_size",
@@ -63,6 +68,7 @@ ALIASES: tuple[Alias, ...] = (
         f"besides, {_CRITIC_TOKENS}",
         "verl refuses the pair",
         _CRITIC_FIX,
+        gate="critic.use_dynamic_bsz",
     ),
     Alias(
         "critic.forward_micro_batch_size",

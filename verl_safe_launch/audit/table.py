@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from verl_safe_launch.compose import Composed
-from verl_safe_launch.config_view import ARR, ConfigView
+from verl_safe_launch.config_view import ARR, ConfigView, ref_in_actor
 from verl_safe_launch.findings import Finding, Rule, Severity
 from verl_safe_launch.inputs import KeyFacts, key_facts, verl_prefix
 from verl_safe_launch.provenance import Layer, Source, Write, writes_by_key
@@ -47,12 +47,18 @@ class AuditContext:
         """The effective user write of every explicitly set key (presets and hardware adaptation excluded)."""
         return self.effective
 
-    def role_used(self, key: str) -> bool:
-        """False for critic/ref keys when this run has no critic/reference model."""
+    def role_used(self, key: str, *, validated: bool = False) -> bool:
+        """False for critic/ref keys when this run has no critic/reference model.
+
+        With LoRA no worker reads the reference's log-prob keys, but validate_config still checks them
+        (``validated``: whether validate_config reads the key).
+        """
         view = self.view
         if key.startswith("critic."):
             enable = view.get("critic.enable")
             return bool(enable) if enable is not None else view.get("algorithm.adv_estimator") == "gae"
+        if key.startswith(f"{ARR}.ref.log_prob") and ref_in_actor(view) and not validated:
+            return False  # with LoRA the actor computes the reference log-probs and never reads these
         if key.startswith(f"{ARR}.ref."):
             return bool(view.get(f"{ARR}.actor.use_kl_loss") or view.get("algorithm.use_kl_in_reward"))
         return True

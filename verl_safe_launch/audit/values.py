@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import replace
 
 from verl_safe_launch.audit.aliases import (
     ALIASES,
@@ -49,27 +50,44 @@ def deprecated_aliases(ctx: AuditContext) -> list[Finding]:
         old, new = ctx.last(alias.old), ctx.last(alias.new)
         if old is None or old.value is None or old.delete:
             continue
+        dynamic = bool(alias.gate) and ctx.view.get(alias.gate) is True
+        checked = ctx.role_used(alias.old, validated=new is not None)
+        if alias.gate and checked and not dynamic:
+            continue  # one root cause, one finding: the verl-*-micro-keys rule reports it
         if new is not None and new.value is not None:
-            message = (
-                f"both the deprecated {alias.old}={format_value(old.value)} ({short(old.source)}) and its replacement "
-                f"{alias.new}={format_value(new.value)} ({short(new.source)}) are set; {alias.both}"
-            )
-            fix = f"delete {alias.old} and keep {alias.new}={format_value(new.value)}"
-            findings.append(
-                finding("deprecated-alias", Severity.ERROR, (alias.old, alias.new), message, fix, [old, new])
-            )
+            findings.append(_alias_pair(alias, old, new, dynamic, checked))
         else:
             findings.append(_alias_alone(ctx, alias, old))
     return findings
+
+
+def _alias_pair(alias: Alias, old: Write, new: Write, dynamic: bool, checked: bool) -> Finding:
+    both = (
+        f"verl checks the pair only while {alias.gate} is false, so it ignores {alias.old}"
+        if dynamic
+        else alias.both
+    )
+    harmless = bool(alias.gate) and (dynamic or not checked)
+    if not checked:
+        both += " (this run does not use that model, so it stays harmless)"
+    message = (
+        f"both the deprecated {alias.old}={format_value(old.value)} ({short(old.source)}) and its replacement "
+        f"{alias.new}={format_value(new.value)} ({short(new.source)}) are set; {both}"
+    )
+    fix = f"delete {alias.old} and keep {alias.new}={format_value(new.value)}"
+    severity = Severity.WARNING if harmless else Severity.ERROR
+    keys = (alias.old, alias.new, *((alias.gate,) if dynamic else ()))
+    return finding("deprecated-alias", severity, keys, message, fix, [old, new])
 
 
 def _alias_alone(ctx: AuditContext, alias: Alias, old: Write) -> Finding:
     severity = alias.alone if ctx.role_used(alias.old) else Severity.WARNING
     unused = "" if ctx.role_used(alias.old) else " (this run does not use that model, so it stays harmless)"
     message = f"{alias.old}={format_value(old.value)} is deprecated: {alias.why}{unused}"
-    return finding(
+    found = finding(
         "deprecated-alias", severity, (alias.old,), message, _alias_fix(ctx, alias, old.value), [old]
     )
+    return replace(found, reads=(alias.new,))  # set, it would be the pair
 
 
 def _alias_fix(ctx: AuditContext, alias: Alias, value: object) -> str:
@@ -146,6 +164,8 @@ def type_mismatches(ctx: AuditContext) -> list[Finding]:
         resolved = value is not write.value
         if spec is None or _skip_value(value, spec) or _bool_string(value, spec):
             continue
+        if write.value is None and _null_allowed(ctx, write.key):
+            continue
         if resolved and _number_text(value, spec):
             continue
         severity = _type_problem(value, spec)
@@ -178,6 +198,16 @@ def _number_text(value: object, spec: TypeSpec) -> bool:
     except ValueError:
         return False
     return math.isfinite(number) and (spec.kind == "float" or number.is_integer())
+
+
+NULL_WHEN = {f"{ARR}.rollout.expert_parallel_size": (f"{ARR}.rollout.name", "trtllm")}
+"""Keys whose type allows null only when another key has a value (verl 0.9.1's RolloutConfig.__post_init__ turns
+the trtllm expert parallel size 1 into None, "unspecified", and TensorRT-LLM accepts None)."""
+
+
+def _null_allowed(ctx: AuditContext, key: str) -> bool:
+    other = NULL_WHEN.get(key)
+    return other is not None and ctx.view.get(other[0]) == other[1]
 
 
 def _skip_value(value: object, spec: TypeSpec) -> bool:

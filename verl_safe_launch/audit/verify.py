@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
 from verl_safe_launch.compose import config_groups
@@ -16,6 +16,11 @@ STRUCTURE_RULES = frozenset(
     {"unknown-key", "new-key", "dataclass-field", "ignored-key", "deprecated-key", "engine-mismatch"}
 )
 """Rules about which keys exist: another config group (``model_engine=megatron``) changes their answer."""
+REFUSALS = frozenset({"unknown-key", "new-key", "dataclass-field"})
+"""Overrides Hydra or a verl dataclass refuses: written out in full, they may stay refused whatever config group an
+unread word chooses (``Everywhere`` asks)."""
+Everywhere = Callable[[Finding], bool]
+"""Whether a finding holds in every config group an unread word could choose."""
 
 
 @dataclass(frozen=True)
@@ -44,6 +49,15 @@ class Unread:
                 return part
         return None
 
+    def supplier_of(self, finding: Finding) -> ScriptNote | None:
+        """The unread part that could set one of the finding's keys itself (not only a config group)."""
+        for key in depends_on(finding):
+            for part in self.parts:
+                supplies = part.supplies or ()
+                if not self.pinned(key, part) and any(_related(key, supplied) for supplied in supplies):
+                    return part
+        return None
+
     def pinned(self, key: str, part: ScriptNote) -> bool:
         """True when an override of ``key`` comes after ``part`` (Hydra keeps the last value)."""
         return self.last_write.get(key, -1) >= part.position
@@ -63,12 +77,21 @@ class Unread:
 
     def structural(self) -> ScriptNote | None:
         """An unread part that could choose a config group (``model_engine=...``): every key may change."""
-        groups = config_groups()
-        for group in groups:
-            part = self.supplier(group)
-            if part is not None:
-                return part
+        for group in config_groups():
+            for part in self.parts:
+                if self.pinned(group, part):
+                    continue
+                if part.supplies is None or any(_chooses(group, key) for key in part.supplies):
+                    return part
         return None
+
+
+def _chooses(group: str, supplied: str) -> bool:
+    """An unread value of ``supplied`` chooses ``group`` only when it is the group or a node above it.
+
+    ``data.train_files="$X"`` changes that one value, never which config ``data`` is composed from.
+    """
+    return group == supplied or group.startswith(supplied + ".")
 
 
 def _related(key: str, supplied: str) -> bool:
@@ -79,14 +102,19 @@ def depends_on(finding: Finding) -> tuple[str, ...]:
     """The keys a finding depends on: the keys it names and the keys of the values it cites."""
     keys = [k for k in finding.keys if k and not k.startswith("$")]
     keys.extend(key for key, _value, _source in finding.sources if key and not key.startswith("$"))
+    keys.extend(finding.reads)
     return tuple(dict.fromkeys(keys))
 
 
-def qualify(findings: Iterable[Finding], launch: ScriptLaunch) -> list[Finding]:
+def qualify(
+    findings: Iterable[Finding], launch: ScriptLaunch, everywhere: Everywhere | None = None
+) -> list[Finding]:
     """Judge a launch's findings by what was read.
 
     Every error and warning that an unread part of the launch could change becomes "cannot verify"; a shared
     value replaced on the launch line itself is a warning; an explicit value emptied by an unset variable is one.
+    A refused override (``REFUSALS``) that only a config-group choice could change stays when ``everywhere`` says
+    it is refused in every group.
     """
     findings = [_deliberate(f, launch) for f in findings]
     unread = Unread.of(launch)
@@ -99,8 +127,22 @@ def qualify(findings: Iterable[Finding], launch: ScriptLaunch) -> list[Finding]:
             out.append(finding)
             continue
         part = unread.changes(finding, structural)
+        if part is structural and part is not None and _refused_everywhere(finding, part, unread, everywhere):
+            part = None
         out.append(finding if part is None else cannot_verify(finding, part, launch))
     return [*out, *_emptied(launch)]
+
+
+def _refused_everywhere(
+    finding: Finding, part: ScriptNote, unread: Unread, everywhere: Everywhere | None
+) -> bool:
+    """A refused override no unread part writes itself, refused under every config group an unread word picks.
+
+    An unread config file is no such word: it can add the very key the override needs.
+    """
+    if finding.rule_id not in REFUSALS or everywhere is None or part.kind == "config":
+        return False
+    return unread.supplier_of(finding) is None and everywhere(finding)
 
 
 def _deliberate(finding: Finding, launch: ScriptLaunch) -> Finding:
@@ -149,7 +191,10 @@ def _emptied_one(launch: ScriptLaunch, note: ScriptNote, key: str, token: Overri
 
 
 def cannot_verify(finding: Finding, part: ScriptNote, launch: ScriptLaunch) -> Finding:
-    """The finding, as information: what it would say, and the unread part (text and line) that could change it."""
+    """What the finding would say, and the unread part (text and line) that could change it.
+
+    One that would say verl fails is a warning (never info: the user must see it); a warning becomes info.
+    """
     message = (
         f"cannot verify [{finding.rule_id}]: {finding.message}; line {part.line} ({part.raw}) is not read "
         f"and could change it: {part.detail}"
@@ -157,7 +202,12 @@ def cannot_verify(finding: Finding, part: ScriptNote, launch: ScriptLaunch) -> F
     source = Source(Layer.SCRIPT, launch.path, part.line, raw=part.raw)
     fix = f"pass the value after '--' to audit it: verl-safe-launch audit {launch.path} -- KEY=VALUE"
     sources = (*finding.sources, ("unread", part.raw, source))
-    return Finding(CANNOT_VERIFY, Severity.INFO, finding.keys, message, fix, sources)
+    return Finding(CANNOT_VERIFY, doubtful_severity(finding), finding.keys, message, fix, sources)
+
+
+def doubtful_severity(finding: Finding) -> Severity:
+    """The severity of a finding an unread part could change: an error is a warning, anything else info."""
+    return Severity.WARNING if finding.severity is Severity.ERROR else Severity.INFO
 
 
 def unread_count(launch: ScriptLaunch) -> int:
@@ -165,4 +215,12 @@ def unread_count(launch: ScriptLaunch) -> int:
     return len(Unread.of(launch).parts)
 
 
-__all__ = ["CANNOT_VERIFY", "Unread", "cannot_verify", "depends_on", "qualify", "unread_count"]
+__all__ = [
+    "CANNOT_VERIFY",
+    "Unread",
+    "cannot_verify",
+    "depends_on",
+    "doubtful_severity",
+    "qualify",
+    "unread_count",
+]

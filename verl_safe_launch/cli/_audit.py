@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from verl_safe_launch.audit import qualify, script_findings, unread_count
-from verl_safe_launch.cli._common import add_format_arg, make_parser, parse, print_json
-from verl_safe_launch.compose import Overlay
+from verl_safe_launch.audit import Reading, across_worlds, audit, qualify, script_findings, unread_count
+from verl_safe_launch.cli._common import add_format_arg, add_verbose_arg, make_parser, parse, print_json
+from verl_safe_launch.compose import Overlay, model_engines
 from verl_safe_launch.errors import EXIT_OK, EXIT_PREFLIGHT, EXIT_USAGE, InputError, UsageError, VslError
 from verl_safe_launch.findings import Finding, Severity, has_errors
 from verl_safe_launch.inputs import (
@@ -131,7 +131,7 @@ class Auditor:
         args = tuple(token.text for token in self.passthrough)
         trace = trace_script(path, self.trace.env, self.trace.timeout, args)
         print(f"{path}: {trace.containment}", file=sys.stderr)
-        launches = traced_launches(str(path), trace.calls, static)
+        launches = traced_launches(str(path), trace.calls, static, self.passthrough)
         if not launches:
             raise InputError(
                 f"{path} ran no 'python -m verl.trainer.main_ppo' under --trace (bash exited {trace.returncode})",
@@ -143,7 +143,15 @@ class Auditor:
     def launch(
         self, launch: ScriptLaunch, hardware: HardwareProfile | None = None, job: JobScript | None = None
     ) -> LaunchAudit:
-        """Compose one launch (the script's overrides, then the passthrough arguments) and pre-flight it."""
+        """Compose one launch (the script's overrides, then the passthrough arguments) and pre-flight it.
+
+        A launch with possible worlds (branches the script does not decide) is judged in each of them.
+        """
+        if launch.worlds:
+            audits = [self.launch(world, hardware, job) for world in launch.worlds]
+            readings = [Reading(a.findings, a.unread, a.launch.branch) for a in audits]
+            findings, unread = across_worlds(readings)
+            return LaunchAudit(launch, tuple(findings), unread)
         passthrough = self.passthrough if launch.passthrough and self.trace is None else ()
         composed = self.overlay.compose(launch.request(passthrough))
         pre = run_preflight(composed, hardware or self.hardware)
@@ -152,7 +160,30 @@ class Auditor:
             findings += bringup_findings(job, composed.view)
         if self.passthrough and launch.passthrough is None and self.trace is None:
             findings.append(_unused_passthrough(launch))
-        return LaunchAudit(launch, tuple(qualify(findings, launch)), unread_count(launch))
+        everywhere = _Everywhere(self.overlay, launch, passthrough)
+        return LaunchAudit(launch, tuple(qualify(findings, launch, everywhere)), unread_count(launch))
+
+
+class _Everywhere:
+    """Whether a refused override stays refused under every model engine an unread word could choose."""
+
+    def __init__(
+        self, overlay: Overlay, launch: ScriptLaunch, passthrough: tuple[OverrideToken, ...]
+    ) -> None:
+        self.overlay, self.launch, self.passthrough = overlay, launch, passthrough
+        self.found: list[set[tuple[str, tuple[str, ...]]]] | None = None
+
+    def __call__(self, finding: Finding) -> bool:
+        if self.found is None:
+            self.found = [self._refusals(engine) for engine in model_engines()]
+        return all((finding.rule_id, finding.keys) in found for found in self.found)
+
+    def _refusals(self, engine: str) -> set[tuple[str, tuple[str, ...]]]:
+        choice = OverrideToken(f"model_engine={engine}", Source(Layer.SCRIPT, self.launch.path))
+        base = self.launch.request(self.passthrough)
+        request = replace(base, overrides=(*base.overrides, choice))
+        findings = audit(self.overlay.compose(request))
+        return {(f.rule_id, f.keys) for f in findings if f.severity is Severity.ERROR}
 
 
 def _unused_passthrough(launch: ScriptLaunch) -> Finding:
@@ -194,6 +225,7 @@ def main(args: Sequence[str], offset: int) -> int:
         help=f"with --trace: seconds (up to {MAX_TIMEOUT_S:g}) before the script and all it started are stopped",
     )
     add_format_arg(parser)
+    add_verbose_arg(parser)
     own, extra, extra_at = _split_passthrough(args)
     ns = parse(parser, own)
     positions = [offset + extra_at + i + 1 for i in range(len(extra))]
@@ -203,7 +235,7 @@ def main(args: Sequence[str], offset: int) -> int:
     if ns.format == "json":
         print_json(audit_json(results))
     else:
-        print(render_audit_text(results), end="")
+        print(render_audit_text(results, verbose=ns.verbose), end="")
     return _exit_code(results, strict=ns.strict)
 
 
@@ -239,7 +271,7 @@ def _exit_code(results: list[ScriptAudit], *, strict: bool = False) -> int:
     return EXIT_OK
 
 
-def render_audit_text(results: list[ScriptAudit]) -> str:
+def render_audit_text(results: list[ScriptAudit], *, verbose: bool = True) -> str:
     """Per script and launch: a header, the findings, the verdict; then the total when there are several."""
     blocks: list[str] = []
     everything: list[Finding] = []
@@ -249,7 +281,7 @@ def render_audit_text(results: list[ScriptAudit]) -> str:
         for item in result.launches:
             launch = item.launch
             header = f"== {escape(launch.label)}: launch {launch.index} of {len(result.launches)}, {len(launch.tokens)} overrides"
-            blocks.append(f"{header}\n{render_report(item.findings, item.unread)}")
+            blocks.append(f"{header}\n{render_report(item.findings, item.unread, verbose=verbose)}")
             everything.extend(item.findings)
     if sum(len(r.launches) for r in results) > 1:
         unread = sum(item.unread for r in results for item in r.launches)
@@ -262,7 +294,8 @@ def audit_json(results: list[ScriptAudit]) -> dict[str, object]:
     everything = [f for r in results for launch in r.launches for f in launch.findings]
     unread = sum(item.unread for r in results for item in r.launches)
     fields = {"scripts": [_script_json(r) for r in results]}
-    return json_document(fields, everything, list_findings=False, unread=unread)
+    unreadable = any(r.error is not None for r in results)
+    return json_document(fields, everything, list_findings=False, unread=unread, unreadable=unreadable)
 
 
 def _script_json(result: ScriptAudit) -> dict[str, object]:

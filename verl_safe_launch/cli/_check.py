@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from verl_safe_launch.cli._common import add_compose_args, make_parser, parse, print_json
+from verl_safe_launch.cli._common import add_compose_args, add_verbose_arg, make_parser, parse, print_json
 from verl_safe_launch.errors import EXIT_OK, EXIT_PREFLIGHT
 from verl_safe_launch.inputs import request_from_args
 from verl_safe_launch.preflight import run_preflight
@@ -34,10 +34,11 @@ def main(args: Sequence[str], offset: int) -> int:
         action="store_true",
         help="fill every unset micro batch with the memory fit (and let a preset's grow), then judge",
     )
+    add_verbose_arg(parser)
     ns = parse(parser, args)
     preflight = run_preflight(compose_for_launch(request_from_args(ns, args, offset), fit=ns.fit))
     if ns.format == "json":
         print_json(json_document({}, preflight.findings))
     else:
-        print(render_report(preflight.findings), end="")
+        print(render_report(preflight.findings, verbose=ns.verbose), end="")
     return EXIT_OK if preflight.ok else EXIT_PREFLIGHT

@@ -52,6 +52,13 @@ def add_compose_args(parser: argparse.ArgumentParser, *, overrides: bool = True)
         )
 
 
+def add_verbose_arg(parser: argparse.ArgumentParser) -> None:
+    """``--verbose``: list every info note instead of one summary line of them."""
+    parser.add_argument(
+        "--verbose", action="store_true", help="list every info note (by default they are one summary line)"
+    )
+
+
 def add_format_arg(parser: argparse.ArgumentParser) -> None:
     """--format text|json."""
     parser.add_argument("--format", choices=("text", "json"), default="text", help="output format")

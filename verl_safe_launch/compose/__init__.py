@@ -13,7 +13,7 @@ from verl_safe_launch.compose.engine import (
     require_accepted,
 )
 from verl_safe_launch.compose.interpolation import Resolver
-from verl_safe_launch.compose.overlay import Overlay, config_groups
+from verl_safe_launch.compose.overlay import Overlay, config_groups, model_engines
 from verl_safe_launch.compose.resolution import resolution_findings, structure_findings
 
 __all__ = [
@@ -26,6 +26,7 @@ __all__ = [
     "check_interpolation_budget",
     "compose",
     "config_groups",
+    "model_engines",
     "preset_dir",
     "require_accepted",
     "resolution_findings",

@@ -123,6 +123,12 @@ def config_groups() -> frozenset[str]:
     return frozenset(p.name for p in verl_config_dir().iterdir() if p.is_dir() and not p.name.startswith("_"))
 
 
+def model_engines() -> tuple[str, ...]:
+    """The choices of verl's ``model_engine`` config group (``dp``, ``megatron``...)."""
+    folder = verl_config_dir() / "model_engine"
+    return tuple(sorted(p.stem for p in folder.glob("*.yaml")))
+
+
 def _index(composed: Composed) -> _Base:
     from omegaconf import OmegaConf
 

@@ -19,18 +19,20 @@ def json_document(
     *,
     list_findings: bool = True,
     unread: int = 0,
+    unreadable: bool = False,
 ) -> dict[str, Any]:
     """``{"schema": 1, ...fields}``; with ``findings`` also ``verdict`` and ``summary`` first, ``findings`` last.
 
     The outcome comes before the details, the long list of findings after everything else (left out with
     ``list_findings=False`` when ``fields`` list them in parts, as ``audit`` does per launch). ``unread`` parts
-    of a script make a verdict without errors ``unverified``.
+    of a script make a verdict without errors ``unverified``; an input that could not be read at all
+    (``unreadable``) makes it ``input-error``: nothing was judged, so it is never ``go``.
     """
     if findings is None:
         return {"schema": JSON_SCHEMA_VERSION, **fields}
     outcome = {
         "schema": JSON_SCHEMA_VERSION,
-        "verdict": verdict(findings, unread),
+        "verdict": "input-error" if unreadable else verdict(findings, unread),
         "summary": counts(findings),
     }
     listed = {"findings": findings_json(findings)} if list_findings else {}

@@ -40,11 +40,24 @@ def summary_line(findings: Sequence[Finding], unread: int = 0) -> str:
     return f"{verdict}{'; ' if unread and verdict != 'NO-GO' else ': '}" + ", ".join(parts)
 
 
-def render_findings_text(findings: Sequence[Finding], unread: int = 0) -> str:
-    """All findings, errors first, then the summary line."""
+def render_findings_text(findings: Sequence[Finding], unread: int = 0, *, verbose: bool = True) -> str:
+    """All findings, errors first, then the summary line; without ``verbose`` the info notes are one line."""
     ordered = sort_findings(list(findings))
-    blocks = [render_finding(f) for f in ordered]
-    return "\n\n".join([*blocks, summary_line(ordered, unread)]) + "\n"
+    shown = ordered if verbose else [f for f in ordered if f.severity is not Severity.INFO]
+    blocks = [render_finding(f) for f in shown]
+    notes = [] if verbose else notes_line(ordered)
+    return "\n\n".join([*blocks, *notes, summary_line(ordered, unread)]) + "\n"
+
+
+def notes_line(findings: Sequence[Finding]) -> list[str]:
+    """The info findings as one line (``info: 3 notes (hardware-unknown, ...)``), or nothing when there are none."""
+    infos = [f.rule_id for f in findings if f.severity is Severity.INFO]
+    if not infos:
+        return []
+    by_rule = {rule: infos.count(rule) for rule in dict.fromkeys(infos)}
+    named = ", ".join(f"{rule} ×{n}" if n > 1 else rule for rule, n in by_rule.items())
+    count = f"{len(infos)} note{'s' if len(infos) != 1 else ''}"
+    return [f"info: {count} ({named}); --verbose lists them"]
 
 
 def findings_json(findings: Sequence[Finding]) -> list[dict[str, object]]:
@@ -70,7 +83,12 @@ _GROUP_STYLES = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severit
 
 
 def render_findings_table(
-    findings: Sequence[Finding], *, width: int = 110, color: bool = False, unread: int = 0
+    findings: Sequence[Finding],
+    *,
+    width: int = 110,
+    color: bool = False,
+    unread: int = 0,
+    verbose: bool = True,
 ) -> str:
     """Findings as rich tables, one per severity (errors first), then the summary line.
 
@@ -85,7 +103,7 @@ def render_findings_table(
     console = Console(file=out, width=width, no_color=not color, force_terminal=color, highlight=False)
     for severity in Severity:
         group = [f for f in sort_findings(list(findings)) if f.severity is severity]
-        if not group:
+        if not group or (severity is Severity.INFO and not verbose):
             continue
         title = f"{_GROUP_TITLES[severity]} ({len(group)})"
         table = Table(
@@ -100,6 +118,8 @@ def render_findings_table(
         for finding in group:
             table.add_row(finding.rule_id, _cell(finding))
         console.print(table)
+    for line in [] if verbose else notes_line(findings):
+        console.print(line, markup=False)
     console.print(summary_line(findings, unread), markup=False)
     return out.getvalue()
 
@@ -117,12 +137,15 @@ def _cell(finding: Finding) -> Text:
     return text
 
 
-def render_report(findings: Sequence[Finding], unread: int = 0) -> str:
-    """The text report: rich tables grouped by severity on a terminal, plain deterministic text otherwise."""
+def render_report(findings: Sequence[Finding], unread: int = 0, *, verbose: bool = True) -> str:
+    """The text report: rich tables grouped by severity on a terminal, plain deterministic text otherwise.
+
+    Without ``verbose`` the info findings (routine notes) are one summary line.
+    """
     import shutil
 
     if use_rich():
         return render_findings_table(
-            findings, width=shutil.get_terminal_size().columns, color=True, unread=unread
+            findings, width=shutil.get_terminal_size().columns, color=True, unread=unread, verbose=verbose
         )
-    return render_findings_text(findings, unread)
+    return render_findings_text(findings, unread, verbose=verbose)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from verl_safe_launch.config_view import ARR, ConfigView
+from verl_safe_launch.config_view import ARR, ConfigView, ref_in_actor
 from verl_safe_launch.context import RuleContext
 from verl_safe_launch.findings import Rule
 from verl_safe_launch.rules.fixes import KeyFix, divisor_fix, set_fix
@@ -93,6 +93,23 @@ def split_keys(layout: RoleLayout) -> tuple[str, ...]:
     return layout.keys if (layout.model_parallel or 1) > 1 else ()
 
 
+def layout_reads(layout: RoleLayout) -> tuple[str, ...]:
+    """Every key the layout's data-parallel size is computed from, also those left at 1 (cited, not shown)."""
+    return (*layout.keys, GPUS_PER_NODE, NNODES)
+
+
+PAD_READS = (
+    TRAIN_BATCH,
+    ROLLOUT_N,
+    ACTOR_MINI,
+    CRITIC_MINI,
+    "trainer.use_v1",
+    "critic.enable",
+    "algorithm.adv_estimator",
+)
+"""What the V1 padding of a step's batch is computed from (a multiple of the data-parallel size and mini batches)."""
+
+
 def unmodelled(layout: RoleLayout) -> list[Draft]:
     """A skip note for an engine whose data-parallel size the arithmetic does not model."""
     if layout.engine in ("fsdp", "megatron"):
@@ -151,7 +168,14 @@ def megatron_train_divisible(ctx: RuleContext) -> list[Draft]:
         return divides(q.trajectories, megatron_minimal(q))
 
     fixes = (solve(view, ACTOR_MICRO, ok, p.trajectories), solve(view, TRAIN_BATCH, ok))
-    return [Draft((TRAIN_BATCH, ROLLOUT_N, ACTOR_MICRO, *split_keys(p.actor)), msg, fixes)]
+    return [
+        Draft(
+            (TRAIN_BATCH, ROLLOUT_N, ACTOR_MICRO, *split_keys(p.actor)),
+            msg,
+            fixes,
+            reads=layout_reads(p.actor),
+        )
+    ]
 
 
 def _mini_exceeds(view: ConfigView, mini_key: str, role: str) -> list[Draft]:
@@ -194,7 +218,7 @@ def _mini_split(view: ConfigView, mini_key: str, layout: RoleLayout, mini_t: int
         return divides(q.critic_mini_trajectories if role == "critic" else q.mini_trajectories, dp)
 
     fixes = (solve(view, mini_key, ok, pos_int(view.get(TRAIN_BATCH))), solve(view, ROLLOUT_N, ok))
-    return [Draft((mini_key, ROLLOUT_N, *split_keys(layout)), msg, fixes)]
+    return [Draft((mini_key, ROLLOUT_N, *split_keys(layout)), msg, fixes, reads=layout_reads(layout))]
 
 
 @check("batch-mini-per-gpu", "actor mini batch × n divisible by the actor's data-parallel size")
@@ -230,7 +254,14 @@ def micro_divides_mini(ctx: RuleContext) -> list[Draft]:
         return divides(q.mini_per_gpu, q.micro)
 
     fixes = (divisor_fix(ACTOR_MICRO, p.micro, p.mini_per_gpu), solve(view, ACTOR_MINI, ok, p.prompts))
-    return [Draft((ACTOR_MICRO, ACTOR_MINI, ROLLOUT_N, *split_keys(p.actor)), msg, fixes)]
+    return [
+        Draft(
+            (ACTOR_MICRO, ACTOR_MINI, ROLLOUT_N, *split_keys(p.actor)),
+            msg,
+            fixes,
+            reads=layout_reads(p.actor),
+        )
+    ]
 
 
 def padded_text(p: BatchPlan) -> str:
@@ -250,7 +281,7 @@ def _logprob(
         return skip
     if p.padded is not None and layout.dp and not divides(p.padded, layout.dp):
         msg = f"the {stage} batch ({padded_text(p)}) does not split over {dp_text(layout)}; {LATE}"
-        return [Draft((key, *split_keys(layout)), msg)]
+        return [Draft((key, *split_keys(layout)), msg, reads=(*layout_reads(layout), *PAD_READS))]
     if rows is None or micro is None or divides(rows, micro):
         return []
     msg = (
@@ -263,7 +294,8 @@ def _logprob(
         return divides(getattr(q, f"{field}_rows"), getattr(q, f"{field}_micro"))
 
     fixes = (divisor_fix(key, micro, rows), solve(view, TRAIN_BATCH, ok))
-    return [Draft((key, TRAIN_BATCH, ROLLOUT_N, *split_keys(layout)), msg, fixes)]
+    reads = (*layout_reads(layout), *layout_reads(p.actor), *PAD_READS)
+    return [Draft((key, TRAIN_BATCH, ROLLOUT_N, *split_keys(layout)), msg, fixes, reads=reads)]
 
 
 @check(
@@ -276,13 +308,6 @@ def logprob_micro(ctx: RuleContext) -> list[Draft]:
     if p.dynamic:
         return []
     return _logprob(ctx.view, p, LOGPROB_MICRO, p.logprob_rows, p.actor, "old log-prob")
-
-
-def ref_in_actor(view: ConfigView) -> bool:
-    """With LoRA the reference is the actor without its adapter (no separate model, no ref micro batch)."""
-    lora = view.get(f"{ARR}.model.lora.rank")
-    rank = lora if isinstance(lora, int) and lora > 0 else view.get(f"{ARR}.model.lora_rank")
-    return (isinstance(rank, int) and rank > 0) or view.get(f"{ARR}.model.lora_adapter_path") is not None
 
 
 @check(

@@ -22,13 +22,15 @@ class Draft:
     fixes: tuple[KeyFix | None, ...] = ()
     severity: Severity | None = None
     fix_text: str | None = None
+    reads: tuple[str, ...] = ()
+    """Keys the arithmetic read besides ``keys`` (cited, not shown): an unread value of one could change it."""
 
     def finding(self, rule_id: str, severity: Severity, view: ConfigView) -> Finding:
         """The finding, with the value and origin of every key involved."""
         fix = render_fix(self.fixes) or self.fix_text
-        return Finding(
-            rule_id, self.severity or severity, self.keys, self.message, fix, sources(view, self.keys)
-        )
+        reads = tuple(k for k in dict.fromkeys(self.reads) if k not in self.keys)
+        severity = self.severity or severity
+        return Finding(rule_id, severity, self.keys, self.message, fix, sources(view, self.keys), reads)
 
 
 DraftFn = Callable[[RuleContext], Iterable[Draft]]

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from verl_safe_launch.audit import STRATEGY_KEYS
-from verl_safe_launch.config_view import ARR, ConfigView, format_value
+from verl_safe_launch.config_view import ARR, ConfigView, format_value, ref_in_actor
 from verl_safe_launch.context import RuleContext
 from verl_safe_launch.findings import Rule
 from verl_safe_launch.rules.fixes import KeyFix, divisor_fix, set_fix
@@ -75,8 +75,13 @@ def per_gpu_fix(keys: MicroKeys, p: BatchPlan, start: int | None, extra: tuple[s
     return fix or set_fix(keys.per_gpu, reference, extra)
 
 
-def micro_key_drafts(view: ConfigView, p: BatchPlan, keys: MicroKeys, dynamic_key: str) -> list[Draft]:
-    """Both set, neither set, or only the deprecated one: each stops verl, early or late."""
+def micro_key_drafts(
+    view: ConfigView, p: BatchPlan, keys: MicroKeys, dynamic_key: str, *, read_late: bool = True
+) -> list[Draft]:
+    """Both set, neither set, or only the deprecated one: each stops verl, early or late.
+
+    ``read_late`` is False when no worker reads the keys after validate_config (the reference inside a LoRA actor).
+    """
     dep, per = view.get(keys.deprecated), view.get(keys.per_gpu)
     pair = (keys.deprecated, keys.per_gpu)
     if dep is not None and per is not None:
@@ -89,7 +94,7 @@ def micro_key_drafts(view: ConfigView, p: BatchPlan, keys: MicroKeys, dynamic_ke
         return [
             Draft((keys.per_gpu, dynamic_key), msg, (per_gpu_fix(keys, p, None), set_fix(dynamic_key, True)))
         ]
-    if per is None:
+    if per is None and read_late:
         msg = (
             f"{kv(view, keys.deprecated)} is deprecated and {keys.per_gpu} is not set: verl 0.9.1 accepts "
             f"this, then stops with a bare AssertionError {keys.late}"
@@ -127,7 +132,7 @@ def ref_micro_keys(ctx: RuleContext) -> list[Draft]:
     if not p.use_ref or (p.dynamic and p.ref_dynamic):
         return []
     dynamic_key = REF_DYNAMIC if p.dynamic else ACTOR_DYNAMIC
-    return micro_key_drafts(ctx.view, p, REF_KEYS, dynamic_key)
+    return micro_key_drafts(ctx.view, p, REF_KEYS, dynamic_key, read_late=not ref_in_actor(ctx.view))
 
 
 @check("verl-critic-micro-keys", "critic micro batch: exactly the per-GPU key (fixed batch size)")

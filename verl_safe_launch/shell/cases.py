@@ -6,6 +6,7 @@ import fnmatch
 from dataclasses import dataclass, field
 from enum import Enum
 
+from verl_safe_launch.shell.branches import NONE_TAKEN, Worlds
 from verl_safe_launch.shell.expand import Env, Expander
 from verl_safe_launch.shell.words import ArrayAssign, Word
 
@@ -25,13 +26,18 @@ class _Frame:
     patterns: list[str] = field(default_factory=list)
     taken: bool = False
     active: bool = False
+    world: int = 0  # the line of a case on an unknown subject read as possible worlds (0: not one)
+    branches: int = 0
+    catch_all: bool = False
 
 
 class Cases:
     """Tracks the ``case`` statements around each command."""
 
-    def __init__(self) -> None:
+    def __init__(self, worlds: Worlds | None = None) -> None:
         self.frames: list[_Frame] = []
+        self.worlds = worlds or Worlds()
+        self.uncertain_points = 0
 
     def step(self, items: list[Word | ArrayAssign], end: str, env: Env) -> Step:
         """Whether to read a command (its words ``items``, ended by the operator ``end``)."""
@@ -41,6 +47,7 @@ class Cases:
             return self._open(items, end, env, frame)
         if first == "esac" and frame is not None:
             self.frames.pop()
+            self._close(frame)
             if end == ";;" and self.frames:
                 self._branch_end(self.frames[-1])
             return Step.READ if frame.subject is None else Step.SKIP
@@ -67,8 +74,13 @@ class Cases:
             self.frames.append(_Frame("", skipped=True))
             return Step.SKIP
         subject = _value(items[1], env) if len(items) > 2 and _text(items[2]) == "in" else None
-        self.frames.append(_Frame(subject))
-        if subject is None:
+        line = items[0].line
+        if subject is None and self.worlds.enumerating and len(items) > 2:
+            self.frames.append(_Frame("", world=line))
+        else:
+            self.frames.append(_Frame(subject))
+        if subject is None and not self.frames[-1].world:
+            self.uncertain_points += 1
             return Step.READ
         self._pattern(self.frames[-1], items[3:], end, env)
         return Step.SKIP
@@ -80,8 +92,24 @@ class Cases:
         if end == ")":
             assert frame.subject is not None
             hit = any(fnmatch.fnmatchcase(frame.subject, p) for p in frame.patterns if p)
+            if frame.world:
+                hit = self._world_branch(frame)
             frame.active = hit and not frame.taken
             frame.in_pattern, frame.patterns = False, []
+
+    def _world_branch(self, frame: _Frame) -> bool:
+        """In a possible world, the branch of a case on an unknown subject runs when the world chose it."""
+        assert self.worlds.choices is not None
+        k = frame.branches
+        frame.branches += 1
+        frame.catch_all = frame.catch_all or "*" in frame.patterns
+        return self.worlds.choices.get(frame.world, 0) == k
+
+    def _close(self, frame: _Frame) -> None:
+        if frame.world:
+            options = (*range(frame.branches), *(() if frame.catch_all else (NONE_TAKEN,)))
+            assert self.worlds.choices is not None
+            self.worlds.record(frame.world, options, self.worlds.choices.get(frame.world, 0), "case")
 
 
 def _text(item: Word | ArrayAssign) -> str | None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from verl_safe_launch.inputs import ComposeRequest, OverrideToken, verl_config_dir, verl_package_dir
@@ -70,6 +70,10 @@ class ScriptLaunch:
     notes: tuple[ScriptNote, ...] = ()
     exports: tuple[Export, ...] = ()
     """Exported variables with known values when the launch runs (``export VLLM_ATTENTION_BACKEND=...``)."""
+    worlds: tuple[ScriptLaunch, ...] = ()
+    """The launch as read in every possible world (one branch of each if/case the script does not decide)."""
+    branch: str = ""
+    """In a possible world: the branches it takes (``the if on line 4 takes branch 2``)."""
 
     @property
     def label(self) -> str:
@@ -85,9 +89,16 @@ class ScriptLaunch:
 
 
 def traced_launches(
-    name: str, calls: tuple[tuple[str, ...], ...], static: tuple[ScriptLaunch, ...] = ()
+    name: str,
+    calls: tuple[tuple[str, ...], ...],
+    static: tuple[ScriptLaunch, ...] = (),
+    passthrough: tuple[OverrideToken, ...] = (),
 ) -> tuple[ScriptLaunch, ...]:
-    """The launches in command lines bash really ran; lines are taken from the statically read launch."""
+    """The launches in command lines bash really ran; lines are taken from the statically read launch.
+
+    Where the static read saw ``"$@"``, the script's arguments (``passthrough``, as bash got them) keep their
+    own source: they were passed to the script, not written in it.
+    """
     launches: list[ScriptLaunch] = []
     for argv in calls:
         known = static[len(launches)] if len(launches) < len(static) else None
@@ -98,8 +109,23 @@ def traced_launches(
         if start is None:
             continue
         builder = LaunchBuilder(name, len(launches) + 1, line, [], False)
-        launches.append(builder.build(fields[start:]))
+        launch = builder.build(fields[start:])
+        if known is not None and known.passthrough is not None and passthrough:
+            launch = _with_arguments(launch, passthrough, known.passthrough.line)
+        launches.append(launch)
     return tuple(launches)
+
+
+def _with_arguments(launch: ScriptLaunch, args: tuple[OverrideToken, ...], line: int) -> ScriptLaunch:
+    """The launch with its last run of the script's arguments taken back to their own source."""
+    texts = [t.text for t in launch.tokens]
+    wanted = [t.text for t in args]
+    for at in range(len(texts) - len(wanted), -1, -1):
+        if texts[at : at + len(wanted)] == wanted:
+            own = tuple(replace(t, source=replace(t.source, line=line)) for t in args)
+            tokens = (*launch.tokens[:at], *own, *launch.tokens[at + len(wanted) :])
+            return replace(launch, tokens=tokens)
+    return launch
 
 
 def _lines_by_text(launch: ScriptLaunch | None) -> dict[str, int]:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from verl_safe_launch.errors import InputError
 from verl_safe_launch.files import read_text_input
+from verl_safe_launch.shell.branches import MAX_WORLDS, Ifs, Worlds, next_worlds
 from verl_safe_launch.shell.cases import Cases, Step
 from verl_safe_launch.shell.expand import OPAQUE, Env, Expander, Scalar, apply_assignments
 from verl_safe_launch.shell.launch import MODULE, Export, LaunchBuilder, ScriptLaunch, ScriptNote, module_end
@@ -23,8 +24,8 @@ from verl_safe_launch.shell.words import (
 
 MAX_SCRIPT_BYTES = 256 * 1024
 """The longest launch script read (verl's own examples are under 10 KiB)."""
-_OPENERS = frozenset({"if", "while", "until", "for", "case", "select"})
-_CLOSERS = frozenset({"fi", "done", "esac"})
+_OPENERS = frozenset({"while", "until", "for", "case", "select"})
+_CLOSERS = frozenset({"done", "esac"})
 _PREFIX_WORDS = frozenset({"then", "else", "elif", "do", "!", "{", "}", "time", "exec", "nohup", "command"})
 _DECLARE = frozenset({"export", "declare", "typeset", "local", "readonly"})
 
@@ -63,6 +64,9 @@ def parse_script(
             else "check the quotes and brackets on that line (bash -n runs the same check)",
         ) from None
     reader = _Reader(name, env)
+    launches = reader.run(tokens)
+    if reader.ifs.uncertain_points or reader.cases.uncertain_points:
+        launches = _with_worlds(launches, tokens, name, env)
     if "\r\n" in text:
         line = text[: text.index("\r\n")].count("\n") + 1
         detail = (
@@ -70,12 +74,36 @@ def parse_script(
             "so a trailing '\\' does not continue the line and every last argument ends in '\\r'"
         )
         shown = text.split("\n")[line - 1].rstrip("\r")[:60]
-        reader.notes.append(ScriptNote("crlf", line, shown, detail))
-    return reader.run(tokens)
+        crlf = ScriptNote("crlf", line, shown, detail)
+        launches = tuple(replace(launch, notes=(crlf, *launch.notes)) for launch in launches)
+    return launches
+
+
+def _with_worlds(
+    launches: tuple[ScriptLaunch, ...], tokens: list[Token], name: str, env: Env | None
+) -> tuple[ScriptLaunch, ...]:
+    """Each launch with its readings in every possible world (one branch of every if/case bash cannot decide here).
+
+    Past ``MAX_WORLDS`` worlds the launches are left as read in one uncertain pass.
+    """
+    pending: list[dict[int, int]] = [{}]
+    by_line: dict[int, list[ScriptLaunch]] = {}
+    count = 0
+    while pending:
+        count += 1
+        if count > MAX_WORLDS:
+            return launches
+        worlds = Worlds(pending.pop(0))
+        for launch in _Reader(name, env, worlds).run(tokens):
+            seen = by_line.setdefault(launch.line, [])
+            if all(other.tokens != launch.tokens or other.notes != launch.notes for other in seen):
+                seen.append(replace(launch, branch=worlds.describe()))
+        pending.extend(next_worlds(worlds))
+    return tuple(replace(launch, worlds=tuple(by_line.get(launch.line, ()))) for launch in launches)
 
 
 class _Reader:
-    def __init__(self, name: str, env: Env | None = None) -> None:
+    def __init__(self, name: str, env: Env | None = None, worlds: Worlds | None = None) -> None:
         self.name = name
         self.env: Env = dict(env or {})
         self.notes: list[ScriptNote] = []
@@ -83,13 +111,20 @@ class _Reader:
         self.depth = 0
         self.function_depth = 0
         self.launches: list[ScriptLaunch] = []
-        self.cases = Cases()
+        worlds = worlds or Worlds()
+        self.cases = Cases(worlds)
+        self.ifs = Ifs(worlds)
 
     def run(self, tokens: list[Token]) -> tuple[ScriptLaunch, ...]:
         for command in split_commands(tokens):
-            read = self.function_depth or self.cases.step(command.items, command.end, self.env) is Step.READ
-            if read and command.items:
+            if self.function_depth:
                 self._command(command)
+                continue
+            if self.cases.step(command.items, command.end, self.env) is not Step.READ or not command.items:
+                continue
+            items = self.ifs.step(command.items, command.end, self.env)
+            if items:
+                self._command(replace(command, items=items))
         return tuple(self.launches)
 
     def _command(self, command: SimpleCommand) -> None:
@@ -178,7 +213,8 @@ class _Reader:
         else:
             chosen = items if count == len(items) else []
         if chosen:
-            notes = apply_assignments(self.env, chosen, conditional=self.depth > 0)
+            conditional = self.depth > 0 or self.ifs.uncertain
+            notes = apply_assignments(self.env, chosen, conditional=conditional)
             self.notes.extend(ScriptNote("env-default", n.line, n.raw, n.detail) for n in notes)
         return [] if declared else items[count:]
 
@@ -192,7 +228,8 @@ class _Reader:
         if start is None:
             return
         notes = [*self.notes, *(ScriptNote("env-default", n.line, n.raw, n.detail) for n in expander.notes)]
-        launch = LaunchBuilder(self.name, len(self.launches) + 1, words[0].line, notes, self.depth > 0)
+        conditional = self.depth > 0 or self.ifs.uncertain
+        launch = LaunchBuilder(self.name, len(self.launches) + 1, words[0].line, notes, conditional)
         self.launches.append(replace(launch.build(fields[start:]), exports=self._exports()))
 
 

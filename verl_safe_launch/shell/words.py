@@ -77,6 +77,7 @@ _PLAIN = re.compile(r"[^\s'\"\\$`;&|()<>]+")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _ASSIGN_PREFIX = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(\+?)=$")
 _BRACE = re.compile(r"([A-Za-z_][A-Za-z0-9_]*|[0-9]+|[@*])(?:\[([@*])\])?(?:(:?[-=+])(.*))?$", re.DOTALL)
+_ARGS_FROM = re.compile(r"[@*]:[0-9]+")
 _OPERATORS = ("&&", "||", ";;", "|&", ">>", "<<<", "<<-", "<<", "&>", ">&", "<&", ";", "&", "|", ">", "<")
 _DQ_ESCAPABLE = '$`"\\'
 _SPECIAL_PARAMS = "#?$!-0123456789"
@@ -275,6 +276,8 @@ class _Lexer:
         raw = self.text[start : close + 1]
         self.line += raw.count("\n")
         self.i = close + 1
+        if _ARGS_FROM.fullmatch(body):  # "${@:1}", "${@:2}": the script's own arguments, like "$@"
+            return Part(PartKind.ARGS, body[0], quoted)
         match = _BRACE.match(body)
         if not match:
             return Part(PartKind.SUBST, raw, quoted)
