@@ -60,6 +60,9 @@ def cluster() -> Iterator[str]:
         # Cluster() writes the head's address to RAY_TMPDIR/ray/ray_current_cluster (by default under /tmp/ray,
         # which exists only where Ray ran before): keep it, and every raylet's session, in this test's own dir.
         mp.setenv("RAY_TMPDIR", str(temp))
+        # The cluster's own processes (dashboard, job supervisors) make multiprocessing temp dirs that a killed
+        # process never removes: they go to this dir too, removed with it.
+        mp.setenv("TMPDIR", str(temp))
         (temp / "ray").mkdir()
         mp.setenv(
             "PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
