@@ -6,6 +6,7 @@ from collections.abc import Iterable
 
 from verl_safe_launch.context import RuleContext
 from verl_safe_launch.findings import Finding, Rule, run_table
+from verl_safe_launch.inputs import verl_release
 from verl_safe_launch.rules import batch, cluster, data, layout, model, modes, rollout, verl_static
 
 RULES: tuple[Rule[RuleContext], ...] = (
@@ -22,4 +23,4 @@ RULES: tuple[Rule[RuleContext], ...] = (
 
 def run_rules(ctx: RuleContext, rules: Iterable[Rule[RuleContext]] | None = None) -> list[Finding]:
     """Run every rule (all of them, never first-failure-only) and return all findings."""
-    return run_table(RULES if rules is None else rules, ctx)
+    return run_table(RULES if rules is None else rules, ctx, verl_release().has)
