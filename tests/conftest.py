@@ -19,6 +19,15 @@ DATA = Path(__file__).resolve().parent / "data"
 GOLDEN = Path(__file__).resolve().parent / "golden"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def knowledge_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """What is derived from verl is cached in a temporary directory, never in the user's cache."""
+    path = tmp_path_factory.mktemp("verl-knowledge")
+    os.environ["XDG_CACHE_HOME"] = str(path)
+    os.environ.pop("VSL_CACHE_DIR", None)
+    return path
+
+
 @dataclass
 class CliResult:
     code: int

@@ -113,7 +113,7 @@ class _Base:
 
 
 _BASES: dict[tuple[str, ...], _Base] = {}
-"""verl's composed defaults per config-group choices (the overrides' text, in order); never mutated."""
+"""verl's composed defaults per verl config dir and config-group choices (the overrides' text); never mutated."""
 
 
 def _verl_base(
@@ -125,7 +125,7 @@ def _verl_base(
     try:
         config_ids = {id(o) for o in _hydra.config_overrides([o for o, _ in parsed])}
         groups = [o for o, _ in parsed if id(o) not in config_ids]
-        key = tuple(o.input_line for o in groups)
+        key = (str(verl_config_dir()), *(o.input_line for o in groups))
         if key not in _BASES:
             _BASES[key] = _compose_verl(groups)
     except (HydraException, ValueError) as exc:

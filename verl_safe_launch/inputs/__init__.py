@@ -33,6 +33,7 @@ from verl_safe_launch.inputs.overrides import (
     parse_override,
     split_tool_tokens,
 )
+from verl_safe_launch.inputs.registries import REGISTRIES, Registry, read_registries, registered_names
 from verl_safe_launch.inputs.release import TESTED, VerlRelease, describe_need, verl_release, version_tuple
 from verl_safe_launch.inputs.request import ComposeRequest, request_from_args
 from verl_safe_launch.inputs.verl_paths import (
@@ -51,6 +52,7 @@ __all__ = [
     "DETECT_ENV",
     "GPU_KEYS",
     "PRIMARY_CONFIG",
+    "REGISTRIES",
     "TESTED",
     "VERL_ENV",
     "ComposeRequest",
@@ -58,6 +60,7 @@ __all__ = [
     "HardwareProfile",
     "KeyFacts",
     "OverrideToken",
+    "Registry",
     "ToolSettings",
     "TypeSpec",
     "VerlRelease",
@@ -84,7 +87,9 @@ __all__ = [
     "package_in",
     "parse_override",
     "parse_yaml",
+    "read_registries",
     "read_yaml",
+    "registered_names",
     "request_from_args",
     "slurm_mem_gib",
     "split_tool_tokens",

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from verl_safe_launch.context import RuleContext
 from verl_safe_launch.findings import Finding, Rule, run_table
 from verl_safe_launch.inputs import verl_release
-from verl_safe_launch.rules import batch, cluster, data, layout, model, modes, rollout, verl_static
+from verl_safe_launch.rules import batch, cluster, data, layout, model, modes, registry, rollout, verl_static
 
 RULES: tuple[Rule[RuleContext], ...] = (
     *batch.RULES,
@@ -16,6 +16,7 @@ RULES: tuple[Rule[RuleContext], ...] = (
     *layout.RULES,
     *model.RULES,
     *modes.RULES,
+    *registry.RULES,
     *rollout.RULES,
     *verl_static.RULES,
 )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from verl_safe_launch.config_view import ARR, ConfigView, format_value, is_missing
 from verl_safe_launch.context import RuleContext
 from verl_safe_launch.findings import Rule
-from verl_safe_launch.inputs import verl_release
+from verl_safe_launch.inputs import registered_names, verl_release
 from verl_safe_launch.rules.fixes import KeyFix, divisors, largest_first_at_most, set_fix
 from verl_safe_launch.rules.kit import Draft, check, kv, not_positive, plan, skipped
 from verl_safe_launch.rules.plan import (
@@ -153,16 +153,21 @@ def max_model_len(ctx: RuleContext) -> list[Draft]:
 ROLLOUT_NAMES = ("vllm", "sglang", "trtllm")
 
 
-@check("verl-rollout-name", "rollout.name is vllm, sglang or trtllm")
+@check(
+    "verl-rollout-name", "rollout.name is a rollout backend of the verl in use (vllm, sglang, trtllm in 0.9)"
+)
 def rollout_name(ctx: RuleContext) -> list[Draft]:
     """The rollout backend verl looks up when the workers start (``Rollout X with mode async not found``)."""
     key = f"{ARR}.rollout.name"
     name = ctx.view.get(key)
-    if name in ROLLOUT_NAMES or is_missing(name):
-        return []  # an unset '???' is the audit's missing-required finding
+    known = registered_names().get("rollout", frozenset())
+    names = tuple(sorted(known, key=lambda n: (ROLLOUT_NAMES.index(n) if n in ROLLOUT_NAMES else 9, n)))
+    if not names or name in names or is_missing(name):
+        return []  # an unset '???' is the audit's missing-required finding; no table: not judged
     what = "is not set" if name is None else f"is {format_value(name)}, which is not a rollout backend"
-    msg = f"{key} {what}: verl 0.9.1 has vllm, sglang and trtllm, and only looks it up after Ray is up"
-    return [Draft((key,), msg, (KeyFix(key, ROLLOUT_NAMES),))]
+    has = f"{', '.join(names[:-1])} and {names[-1]}" if len(names) > 1 else names[0]
+    msg = f"{key} {what}: {verl_release().name} has {has}, and only looks it up after Ray is up"
+    return [Draft((key,), msg, (KeyFix(key, names),))]
 
 
 @check(
