@@ -211,3 +211,63 @@ def test_did_you_mean_fix_is_registered(cli: Callable[..., CliResult]) -> None:
     assert found["fix"] == "actor_rollout_ref.actor.policy_loss.loss_mode=gspo"
     again = cli("check", found["fix"], "--format", "json")
     assert not [f for f in json.loads(again.out)["findings"] if f["rule_id"] == "verl-registry-name"]
+
+
+def test_cached_defaults_equal_a_fresh_composition() -> None:
+    """The second process (here: a cleared in-process cache) reads verl's defaults from disk: same config."""
+    from verl_safe_launch.compose import engine
+
+    choose_verl(None)
+    engine._BASES.clear()
+    first = compose(ComposeRequest(overrides=cli_tokens(LINES)))
+    engine._BASES.clear()
+    again = compose(ComposeRequest(overrides=cli_tokens(LINES)))
+    fresh_cfg, fresh_writes = engine._compose_fresh([])
+    base = engine._BASES[(str(engine.verl_config_dir()),)]
+    assert OmegaConf.to_container(again.cfg) == OmegaConf.to_container(first.cfg)
+    assert again.view == first.view
+    assert OmegaConf.to_container(fresh_cfg) == OmegaConf.to_container(base.cfg)
+    assert tuple(fresh_writes) == base.writes
+
+
+def test_knowledge_is_regenerated_when_verl_changes(tmp_path: Path) -> None:
+    package = tmp_path / "verl"
+    (package / "version").mkdir(parents=True)
+    (package / "trainer" / "config").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "version" / "version").write_text("0.3.0.post1\n")
+    config = package / "trainer" / "config" / "ppo_trainer.yaml"
+    config.write_text("trainer:\n  n_gpus_per_node: 8\n")
+    from verl_safe_launch.inputs import knowledge_dir
+
+    choose_verl(tmp_path, "--verl")
+    try:
+        before = knowledge_dir()
+        release = verl_release()
+        assert release.version == "0.3.0.post1" and not release.tested
+        assert release.config_keys == frozenset({"trainer.n_gpus_per_node"})
+        config.write_text("trainer:\n  n_gpus_per_node: 8\n  nnodes: 1\n")
+        choose_verl(tmp_path, "--verl")
+        assert knowledge_dir() != before
+        assert verl_release().config_keys == frozenset({"trainer.n_gpus_per_node", "trainer.nnodes"})
+    finally:
+        choose_verl(None)
+
+
+def test_old_fork_gets_a_one_line_notice(tmp_path: Path) -> None:
+    from verl_safe_launch.preflight import header_lines
+
+    package = tmp_path / "verl"
+    (package / "version").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "version" / "version").write_text("0.3.1\n")
+    choose_verl(tmp_path, "--verl")
+    try:
+        lines = header_lines()
+    finally:
+        choose_verl(None)
+    assert lines[0] == f"verl 0.3.1 at {package.resolve()} (--verl)"
+    assert lines[-1].startswith("verl 0.3.1 is older than the oldest release tested (0.5.0): checked: ")
+    assert any(
+        line.startswith("not judged for verl 0.3.1 (its config has no trainer.v1): ") for line in lines
+    )

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from verl_safe_launch.compose import _hydra
+from verl_safe_launch.compose import _hydra, cached_defaults
 from verl_safe_launch.compose.interpolation import Resolver, Unsupported, absolute_key
 from verl_safe_launch.config_view import ConfigView, flatten
 from verl_safe_launch.errors import ConfigError, InputError, UsageError, VslError, collect
@@ -22,6 +22,7 @@ from verl_safe_launch.inputs import (
     ToolSettings,
     YamlDoc,
     YamlLeaf,
+    cached_bytes,
     display_path,
     parse_override,
     read_yaml,
@@ -146,6 +147,17 @@ def _token_mentioned(message: str, tokens: Sequence[OverrideToken]) -> str | Non
 
 
 def _compose_verl(group_overrides: list[Any]) -> _Base:
+    """verl's defaults under the group choices: from the on-disk cache of the verl in use, else composed."""
+
+    def fresh() -> bytes:
+        return cached_defaults.to_bytes(*_compose_fresh(group_overrides))
+
+    name = cached_defaults.defaults_name([o.input_line for o in group_overrides])
+    cfg, writes = cached_defaults.from_bytes(cached_bytes(name, fresh))
+    return _Base(cfg, writes)
+
+
+def _compose_fresh(group_overrides: list[Any]) -> tuple[Any, tuple[Write, ...]]:
     cfg, entries = _hydra.compose_defaults(group_overrides)
     writes: list[Write] = []
     for entry in entries:
@@ -160,7 +172,7 @@ def _compose_verl(group_overrides: list[Any]) -> _Base:
             if top in _STRIPPED_FILE_KEYS:
                 continue
             writes.append(Write(prefix + leaf.key, leaf.value, Source(Layer.VERL, source_file, leaf.line)))
-    return _Base(cfg, tuple(writes))
+    return cfg, tuple(writes)
 
 
 @functools.lru_cache(maxsize=256)
@@ -353,6 +365,17 @@ def _resolved(cfg: Any, raw: dict[str, Any]) -> dict[str, Any]:
             if OmegaConf.is_config(out[key]):
                 out[key] = OmegaConf.to_container(out[key], resolve=False)
         return out
+
+
+def resolves_flat(cfg: Any) -> bool:
+    """True when every interpolation resolves by the flat resolver (which gives up on anything it is unsure of)."""
+    from omegaconf import OmegaConf
+
+    try:
+        _resolved_flat(flatten(OmegaConf.to_container(cfg, resolve=False)))  # type: ignore[arg-type]
+    except Unsupported:
+        return False
+    return True
 
 
 def _resolved_flat(raw: dict[str, Any]) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from verl_safe_launch.inputs.keytypes import (
     verl_files,
     verl_prefix,
 )
-from verl_safe_launch.inputs.knowledge import cache_root, cached_fact, knowledge_dir
+from verl_safe_launch.inputs.knowledge import cache_root, cached_bytes, cached_fact, knowledge_dir
 from verl_safe_launch.inputs.overrides import (
     OverrideToken,
     ToolSettings,
@@ -68,6 +68,7 @@ __all__ = [
     "YamlLeaf",
     "as_profile",
     "cache_root",
+    "cached_bytes",
     "cached_fact",
     "choose_verl",
     "cli_tokens",
