@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -270,4 +271,71 @@ def test_old_fork_gets_a_one_line_notice(tmp_path: Path) -> None:
     assert lines[-1].startswith("verl 0.3.1 is older than the oldest release tested (0.5.0): checked: ")
     assert any(
         line.startswith("not judged for verl 0.3.1 (its config has no trainer.v1): ") for line in lines
+    )
+
+
+def generated_lines(seed: int, count: int) -> list[list[str]]:
+    """Batch configs over keys every release from 0.5.0 has (micro batches in each of their four forms)."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(count):
+        lines = [
+            f"trainer.n_gpus_per_node={rng.choice([1, 2, 4, 6, 8])}",
+            f"trainer.nnodes={rng.choice([1, 1, 2])}",
+            f"data.train_batch_size={rng.randint(1, 128)}",
+            f"actor_rollout_ref.rollout.n={rng.randint(1, 16)}",
+            f"actor_rollout_ref.actor.ppo_mini_batch_size={rng.randint(1, 128)}",
+            f"algorithm.adv_estimator={rng.choice(['grpo', 'gae'])}",
+            f"actor_rollout_ref.actor.use_kl_loss={rng.choice([True, False])}",
+            "actor_rollout_ref.model.path=/tmp/no-model",
+            "critic.model.path=/tmp/no-model",
+        ]
+        for prefix, name in (
+            ("actor_rollout_ref.actor", "ppo_micro_batch_size"),
+            ("actor_rollout_ref.rollout", "log_prob_micro_batch_size"),
+            ("actor_rollout_ref.ref", "log_prob_micro_batch_size"),
+            ("critic", "ppo_micro_batch_size"),
+        ):
+            size = rng.choice([1, 2, 4, 8])
+            lines += {
+                "per_gpu": [f"{prefix}.{name}_per_gpu={size}"],
+                "deprecated": [f"{prefix}.{name}={size * 8}", f"{prefix}.{name}_per_gpu=null"],
+                "both": [f"{prefix}.{name}={size * 8}", f"{prefix}.{name}_per_gpu={size}"],
+                "neither": [f"{prefix}.{name}_per_gpu=null"],
+            }[rng.choice(["per_gpu", "per_gpu", "deprecated", "both", "neither"])]
+        out.append(lines)
+    return out
+
+
+VALIDATE_CONFIG_ERRORS = ("critic", "model path")
+"""Rejections about the critic model (``critic.model.path`` is read from disk) are outside the batch rules."""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("chosen", RELEASES, indirect=True)
+def test_check_rejects_what_the_releases_validation_rejects(chosen: Path) -> None:
+    """A differential per release: every config that release's own validation refuses, check refuses too."""
+    from verl_safe_launch.audit import audit
+    from verl_safe_launch.context import RuleContext
+    from verl_safe_launch.findings import Severity
+    from verl_safe_launch.rules import run_rules
+
+    cases = generated_lines(seed=int(chosen.name.replace(".", "")), count=40)
+    composed = [compose(ComposeRequest(overrides=cli_tokens(lines))) for lines in cases]
+    payload = json.dumps([OmegaConf.to_container(c.cfg, resolve=False) for c in composed])
+    env = {**os.environ, "PYTHONPATH": str(chosen)}
+    probe = [sys.executable, str(Path(__file__).with_name("release_oracle.py"))]
+    out = subprocess.run(
+        probe, input=payload, env=env, capture_output=True, text=True, timeout=600, check=True
+    )
+    verdicts = json.loads(out.stdout.strip().splitlines()[-1])
+    rejected = misses = 0
+    for lines, comp, theirs in zip(cases, composed, verdicts, strict=True):
+        ours = [f for f in [*run_rules(RuleContext(comp.view)), *audit(comp)] if f.severity is Severity.ERROR]
+        if theirs is not None:
+            rejected += 1
+            misses += not ours
+            assert ours, f"verl {chosen.name} refuses ({theirs}) but check does not: {lines}"
+    assert rejected, (
+        f"verl {chosen.name} accepted all {len(cases)} generated configs: the probe judged nothing"
     )
