@@ -141,8 +141,8 @@ def v0_agent_chunks(ctx: RuleContext) -> list[Draft]:
     """DataProto.chunk in the V0 agent loop: ``only support equal chunk``."""
     view, p = ctx.view, plan(ctx)
     key = f"{ARR}.rollout.agent.num_workers"
-    if p.v1:
-        return []
+    if p.v1 or view.get(f"{ARR}.rollout.mode", "async") != "async":
+        return []  # releases with a sync rollout mode split over agent workers only in async mode
     if skip := not_positive(view, (TRAIN_BATCH, ROLLOUT_N, key)):
         return skip
     workers = view.get(key)
