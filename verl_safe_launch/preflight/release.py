@@ -77,10 +77,13 @@ def safe_header_json() -> dict[str, object] | None:
 def vendored_verl(script: Path, exports: Sequence[tuple[str, str]] = ()) -> tuple[Path, str] | None:
     """A ``verl`` package the script's launch imports instead of the installed one.
 
-    On a ``PYTHONPATH`` the script exports (relative entries read from the script's directory), or beside
-    the script.
+    On a ``PYTHONPATH`` the script exports (relative entries read from the script's directory), in the
+    directory a literal ``cd DIR`` line moves to, or beside the script.
     """
     base = script.resolve().parent
+    moved = _cd_target(script)
+    if moved is not None and package_in(base / moved) is not None:
+        return base / moved, f"vendored in {moved}, where {script.name} cd's"
     for name, value in exports:
         if name != "PYTHONPATH":
             continue
@@ -90,6 +93,25 @@ def vendored_verl(script: Path, exports: Sequence[tuple[str, str]] = ()) -> tupl
     if package_in(base) is not None and base.name != "verl":
         return base, f"vendored beside {script.name}"
     return None
+
+
+def _cd_target(script: Path) -> str | None:
+    """The directory of the last top-level ``cd DIR`` line with a literal argument (None: none, or not literal)."""
+    import shlex
+
+    target = None
+    try:
+        lines = script.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        try:
+            words = shlex.split(line, comments=True)
+        except ValueError:
+            continue
+        if len(words) == 2 and words[0] == "cd" and "$" not in words[1] and "`" not in words[1]:
+            target = words[1]
+    return target
 
 
 def use_vendored_verl(script: Path, exports: Sequence[tuple[str, str]] = ()) -> None:
