@@ -47,6 +47,15 @@ def _caches_in_test_dirs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[N
         yield
 
 
+@pytest.fixture(scope="session", autouse=True)
+def knowledge_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """What is derived from verl is cached in a temporary directory, never in the user's cache."""
+    path = tmp_path_factory.mktemp("verl-knowledge")
+    os.environ["XDG_CACHE_HOME"] = str(path)
+    os.environ.pop("VSL_CACHE_DIR", None)
+    return path
+
+
 @dataclass
 class CliResult:
     code: int

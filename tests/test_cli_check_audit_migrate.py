@@ -56,7 +56,8 @@ def test_check_json_schema(cli: Cli) -> None:
     result = cli("check", "--format", "json", "trainer.nnodes=1", "trainer.nnodes=2")
     data = json.loads(result.out)
     assert result.code == 1
-    assert list(data)[:4] == ["schema", "verdict", "summary", "findings"]
+    assert list(data)[:5] == ["schema", "verdict", "summary", "verl", "findings"]
+    assert data["verl"]["version"] == "0.9.1" and data["verl"]["tested"] is True
     assert (data["schema"], data["verdict"]) == (1, "no-go")
     assert set(data["summary"]) == {"errors", "warnings", "info"}
     duplicate = next(f for f in data["findings"] if f["rule_id"] == "duplicate-key")

@@ -48,6 +48,7 @@ def test_json(cli: Callable[..., CliResult]) -> None:
     data = json.loads(r.out)
     assert set(data) == {
         "schema",
+        "verl",
         "model",
         "gpu_memory_gib",
         "margin",

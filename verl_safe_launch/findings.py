@@ -69,15 +69,21 @@ class Rule(Generic[C]):
     description: str
     severity: Severity
     check: Callable[[C], list[Finding]]
+    needs: tuple[str, ...] = ()
+    """What the rule needs of verl (``config:trainer.v1``, ``module:verl.x``, ``since:0.7.1``); none: every verl."""
 
     def __call__(self, ctx: C) -> list[Finding]:
         """Run the check."""
         return self.check(ctx)
 
 
-def run_table(rules: Iterable[Rule[C]], ctx: C) -> list[Finding]:
-    """Run every rule of a table (all of them, never first-failure-only) and collect the findings."""
+def run_table(rules: Iterable[Rule[C]], ctx: C, has: Callable[[str], bool] | None = None) -> list[Finding]:
+    """Run every rule of a table (all of them, never first-failure-only) and collect the findings.
+
+    With ``has``, a rule runs only where the verl in use has everything it needs.
+    """
     findings: list[Finding] = []
     for entry in rules:
-        findings.extend(entry.check(ctx))
+        if has is None or all(has(need) for need in entry.needs):
+            findings.extend(entry.check(ctx))
     return findings

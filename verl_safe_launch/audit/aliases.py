@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -10,7 +9,7 @@ from pathlib import Path
 
 from verl_safe_launch.config_view import ARR, ConfigView
 from verl_safe_launch.findings import Severity
-from verl_safe_launch.inputs import verl_files, verl_package_dir
+from verl_safe_launch.inputs import verl_cache, verl_files, verl_package_dir
 from verl_safe_launch.provenance import Layer, Write
 
 _LATE_FAIL = (
@@ -282,7 +281,7 @@ def _comment_above(file: str, line: int) -> str:
     return " ".join(b for b in block if b)
 
 
-@functools.cache
+@verl_cache
 def _lines(file: str) -> tuple[str, ...]:
     path = Path(file)
     if not path.is_absolute():

@@ -8,12 +8,12 @@ import shlex
 
 from verl_safe_launch.audit.aliases import covered
 from verl_safe_launch.audit.history import last_release_with
-from verl_safe_launch.audit.table import AuditContext, audit_rule, finding, position, short
+from verl_safe_launch.audit.table import SCHEMA, AuditContext, audit_rule, finding, position, short
 from verl_safe_launch.audit.upgrade import current_key, moves_after
 from verl_safe_launch.compose import Rejected, config_groups
 from verl_safe_launch.config_view import format_value
 from verl_safe_launch.findings import Finding, Rule, Severity
-from verl_safe_launch.inputs import OverrideToken, dataclass_field_names, names_read_with_get
+from verl_safe_launch.inputs import OverrideToken, dataclass_field_names, names_read_with_get, verl_release
 from verl_safe_launch.provenance import LAYER_TITLES, Layer, Source, Write
 
 _USER_LAYERS = (Layer.FILE, Layer.SCRIPT, Layer.CLI)
@@ -152,7 +152,9 @@ def _rejected(ctx: AuditContext, rejected: Rejected) -> Finding:
             "without '+'"
         )
         return finding("unknown-key", Severity.ERROR, (key,), message, f"+{token.text}", [write])
-    message = f"unknown key {key}: verl 0.9.1's config has no such key, so Hydra refuses '{token.text}'"
+    message = (
+        f"unknown key {key}: {verl_release().name}'s config has no such key, so Hydra refuses '{token.text}'"
+    )
     older = _older_release(key, value, token)
     if older is not None:
         return finding("unknown-key", Severity.ERROR, (key,), message + older[0], older[1], [write])
@@ -199,7 +201,11 @@ def did_you_mean(key: str, known: list[str]) -> str | None:
     return matches[0] if matches else None
 
 
-@audit_rule("new-key", "'+'/'++' (or a user file) creating a key that verl's config and dataclasses lack")
+@audit_rule(
+    "new-key",
+    "'+'/'++' (or a user file) creating a key that verl's config and dataclasses lack",
+    needs=SCHEMA,
+)
 def new_keys(ctx: AuditContext) -> list[Finding]:
     findings: list[Finding] = []
     for write in ctx.user_writes():
@@ -213,7 +219,7 @@ def new_keys(ctx: AuditContext) -> list[Finding]:
             continue
         if leaf in names_read_with_get():
             message = (
-                f"{key} is not in verl 0.9.1's config; verl's code reads a key named '{leaf}' with .get(), "
+                f"{key} is not in {verl_release().name}'s config; verl's code reads a key named '{leaf}' with .get(), "
                 "so check that it reads it at this path"
             )
             findings.append(
@@ -221,7 +227,7 @@ def new_keys(ctx: AuditContext) -> list[Finding]:
             )
             continue
         message = (
-            f"{key} is neither in verl 0.9.1's config nor a field of its config dataclasses, "
+            f"{key} is neither in {verl_release().name}'s config nor a field of its config dataclasses, "
             "so nothing in verl reads it"
         )
         close = did_you_mean(key, [*ctx.facts.defaults, *ctx.facts.dc_only])

@@ -10,6 +10,7 @@ from verl_safe_launch.audit import values as audit_values
 from verl_safe_launch.audit.table import AuditContext
 from verl_safe_launch.compose import Composed
 from verl_safe_launch.findings import Finding, Rule, Severity, run_table
+from verl_safe_launch.inputs import verl_release
 from verl_safe_launch.provenance import Layer, Source
 from verl_safe_launch.shell import ScriptLaunch, ScriptNote
 
@@ -18,7 +19,8 @@ AUDIT_RULES: tuple[Rule[AuditContext], ...] = (*audit_overrides.RULES, *audit_va
 
 def audit(composed: Composed, rules: Iterable[Rule[AuditContext]] | None = None) -> list[Finding]:
     """Run every audit rule (all of them, never first-failure-only) and return all findings."""
-    return run_table(AUDIT_RULES if rules is None else rules, AuditContext.build(composed))
+    table = AUDIT_RULES if rules is None else rules
+    return run_table(table, AuditContext.build(composed), verl_release().has)
 
 
 def script_findings(launch: ScriptLaunch) -> list[Finding]:

@@ -66,12 +66,19 @@ class AuditContext:
 
 AuditCheck = Callable[[AuditContext], list[Finding]]
 
+PINNED = ("since:0.9.0",)
+"""Needs of a rule whose tables were written from verl 0.9's source (deprecated spellings, ignored keys)."""
+SCHEMA = ("since:0.9.0",)
+"""Needs of a rule that reads verl's dataclass schema (generated from 0.9.1's dataclasses)."""
 
-def audit_rule(rule_id: str, description: str) -> Callable[[AuditCheck], Rule[AuditContext]]:
-    """Make an audit rule of a check (the module lists it in its ``RULES`` tuple)."""
+
+def audit_rule(
+    rule_id: str, description: str, needs: tuple[str, ...] = ()
+) -> Callable[[AuditCheck], Rule[AuditContext]]:
+    """Make an audit rule of a check (the module lists it in its ``RULES`` tuple; ``needs``: see ``Rule``)."""
 
     def make(fn: AuditCheck) -> Rule[AuditContext]:
-        return Rule(rule_id, description, Severity.ERROR, fn)
+        return Rule(rule_id, description, Severity.ERROR, fn, needs)
 
     return make
 

@@ -17,10 +17,10 @@ from verl_safe_launch.audit.aliases import (
     matches,
 )
 from verl_safe_launch.audit.aliases import yaml_deprecations as _yaml_deprecations
-from verl_safe_launch.audit.table import AuditContext, audit_rule, finding, short
+from verl_safe_launch.audit.table import PINNED, SCHEMA, AuditContext, audit_rule, finding, short
 from verl_safe_launch.config_view import ARR, format_value, is_missing
 from verl_safe_launch.findings import Finding, Rule, Severity
-from verl_safe_launch.inputs import TypeSpec
+from verl_safe_launch.inputs import TypeSpec, verl_release
 from verl_safe_launch.provenance import Write
 
 _PER_GPU_ALIASES = frozenset(
@@ -43,7 +43,9 @@ ENGINE_OF_STRATEGY = {"megatron": "megatron", "veomni": "veomni", "torchtitan": 
 STRATEGY_KEYS = (f"{ARR}.actor.strategy", f"{ARR}.ref.strategy", "critic.strategy")
 
 
-@audit_rule("deprecated-alias", "a deprecated spelling of a key, alone or next to its replacement")
+@audit_rule(
+    "deprecated-alias", "a deprecated spelling of a key, alone or next to its replacement", needs=PINNED
+)
 def deprecated_aliases(ctx: AuditContext) -> list[Finding]:
     findings: list[Finding] = []
     for alias in ALIASES:
@@ -104,7 +106,7 @@ def _gpus(ctx: AuditContext) -> int:
     return 1
 
 
-@audit_rule("ignored-key", "a key verl 0.9.1 accepts but does not act on")
+@audit_rule("ignored-key", "a key verl 0.9.1 accepts but does not act on", needs=PINNED)
 def ignored_keys(ctx: AuditContext) -> list[Finding]:
     findings: list[Finding] = []
     for write in ctx.user_writes():
@@ -155,7 +157,7 @@ def deprecated_keys(ctx: AuditContext) -> list[Finding]:
     return findings
 
 
-@audit_rule("type-mismatch", "a value of the wrong type for the key (verl itself checks none)")
+@audit_rule("type-mismatch", "a value of the wrong type for the key (verl itself checks none)", needs=SCHEMA)
 def type_mismatches(ctx: AuditContext) -> list[Finding]:
     findings: list[Finding] = []
     for write in ctx.user_writes():
@@ -342,7 +344,9 @@ def missing_required(ctx: AuditContext) -> list[Finding]:
         gate = REQUIRED_WHEN.get(key)
         if gate is not None and not ctx.view.get(gate):
             continue
-        message = f"{key} has no value: verl 0.9.1 leaves it mandatory ('???') and fails when it is read"
+        message = (
+            f"{key} has no value: {verl_release().name} leaves it mandatory ('???') and fails when it is read"
+        )
         fix = f"{key}={REQUIRED_HINTS.get(key, '<value>')}"
         prov = ctx.view.prov(key)
         writes = [Write(key, value, prov.source)] if prov else []

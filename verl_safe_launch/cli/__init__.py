@@ -41,7 +41,11 @@ DEFAULT_VERB = "run"
 def _usage() -> str:
     lines = ["usage: verl-safe-launch [VERB] [OPTIONS] [OVERRIDE ...]", "", "verbs:"]
     lines += [f"  {verb:<9} {summary}" for verb, (_, summary) in VERBS.items()]
-    lines += ["", "Run 'verl-safe-launch VERB --help' for the options and examples of one verb."]
+    lines += [
+        "",
+        "Every verb takes --verl DIR: check against the verl package in DIR (or DIR/verl), not the installed one.",
+    ]
+    lines += ["Run 'verl-safe-launch VERB --help' for the options and examples of one verb."]
     return "\n".join(lines)
 
 
@@ -88,6 +92,7 @@ def _dispatch(args: list[str]) -> int:
     if args in (["-h"], ["--help"], []):
         print(_usage())
         return 0 if args else EXIT_USAGE
+    args = _take_verl_option(args)
     verb, rest, offset = split_verb(args)
     module_name, _ = VERBS[verb]
     try:
@@ -98,6 +103,28 @@ def _dispatch(args: list[str]) -> int:
         raise UsageError(f"verb '{verb}' is not available in this version") from None
     code: int = module.main(rest, offset)
     return code
+
+
+def _take_verl_option(args: list[str]) -> list[str]:
+    """Remove ``--verl DIR`` (any verb) and make that copy of verl the one every check reads."""
+    from pathlib import Path
+
+    from verl_safe_launch.inputs import choose_verl
+
+    for index, arg in enumerate(args):
+        if arg == "--":
+            break
+        if arg == "--verl" or arg.startswith("--verl="):
+            value = (
+                arg.partition("=")[2] if "=" in arg else (args[index + 1] if index + 1 < len(args) else "")
+            )
+            if not value:
+                raise UsageError(
+                    "--verl needs a directory", where="command line", fix="--verl path/to/project"
+                )
+            choose_verl(Path(value).expanduser(), "--verl")
+            return args[:index] + args[index + (1 if "=" in arg else 2) :]
+    return args
 
 
 def _report(text: str, code: int, *, traceback_too: bool = True) -> int:

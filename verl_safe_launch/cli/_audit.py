@@ -20,9 +20,10 @@ from verl_safe_launch.inputs import (
     detect_hardware,
     merge_profiles,
     split_tool_tokens,
+    verl_package_dir,
 )
 from verl_safe_launch.launch import bringup_findings
-from verl_safe_launch.preflight import run_preflight
+from verl_safe_launch.preflight import header_lines, run_preflight, use_vendored_verl
 from verl_safe_launch.provenance import Layer, Source
 from verl_safe_launch.render import (
     counts,
@@ -89,6 +90,8 @@ class ScriptAudit:
     path: str
     launches: tuple[LaunchAudit, ...] = ()
     error: VslError | None = None
+    verl: tuple[str, ...] = ()
+    """The report header: the verl its launches import, and what could not be judged for it."""
 
 
 class Auditor:
@@ -113,17 +116,28 @@ class Auditor:
         """
         try:
             launches = read_script(path)
+            header = self._use_verl_of(path, launches)
             job = read_job_script(path)
             if job.is_job:
                 launches = read_script(path, env=seeded_env(job.allocation.slurm_env()))
             if self.trace is not None:
                 launches = self._traced(path, launches)
             if not job.is_job:
-                return ScriptAudit(str(path), tuple(self.launch(launch) for launch in launches))
+                return ScriptAudit(str(path), tuple(self.launch(launch) for launch in launches), verl=header)
             hardware = merge_profiles(self.hardware, job.allocation.profile())
-            return ScriptAudit(str(path), tuple(self.launch(launch, hardware, job) for launch in launches))
+            audits = tuple(self.launch(launch, hardware, job) for launch in launches)
+            return ScriptAudit(str(path), audits, verl=header)
         except VslError as exc:
             return ScriptAudit(str(path), error=exc)
+
+    def _use_verl_of(self, path: Path, launches: tuple[ScriptLaunch, ...]) -> tuple[str, ...]:
+        """Read the verl this script's launches import (a vendored copy, when it has one); the header for it."""
+        before = verl_package_dir()
+        exports = [(e.name, e.value) for e in launches[0].exports] if launches else []
+        use_vendored_verl(path, exports)
+        if verl_package_dir() != before:
+            self.overlay = Overlay()
+        return tuple(header_lines())
 
     def _traced(self, path: Path, static: tuple[ScriptLaunch, ...]) -> tuple[ScriptLaunch, ...]:
         """The launches bash really ran (``--trace``), cited with the lines of the statically read ones."""
@@ -278,6 +292,8 @@ def render_audit_text(results: list[ScriptAudit], *, verbose: bool = True) -> st
     for result in results:
         if result.error is not None:
             blocks.append(f"== {escape(result.path)}\n{render_error(result.error)}\n")
+        if result.verl and result.verl != (results[0].verl if result is not results[0] else ()):
+            blocks.append("\n".join(escape(line) for line in result.verl))
         for item in result.launches:
             launch = item.launch
             header = f"== {escape(launch.label)}: launch {launch.index} of {len(result.launches)}, {len(launch.tokens)} overrides"
@@ -302,6 +318,7 @@ def _script_json(result: ScriptAudit) -> dict[str, object]:
     return {
         "path": result.path,
         "error": result.error.render() if result.error is not None else None,
+        "verl": list(result.verl),
         "launches": [
             {
                 "line": item.launch.line,

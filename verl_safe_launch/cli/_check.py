@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from verl_safe_launch.cli._common import add_compose_args, add_verbose_arg, make_parser, parse, print_json
 from verl_safe_launch.errors import EXIT_OK, EXIT_PREFLIGHT
 from verl_safe_launch.inputs import request_from_args
-from verl_safe_launch.preflight import run_preflight
+from verl_safe_launch.preflight import header_lines, run_preflight
 from verl_safe_launch.presets import compose_for_launch
 from verl_safe_launch.render import json_document, render_report
 
@@ -40,5 +40,6 @@ def main(args: Sequence[str], offset: int) -> int:
     if ns.format == "json":
         print_json(json_document({}, preflight.findings))
     else:
+        print("\n".join(header_lines()))
         print(render_report(preflight.findings, verbose=ns.verbose), end="")
     return EXIT_OK if preflight.ok else EXIT_PREFLIGHT

@@ -9,12 +9,11 @@ change.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from verl_safe_launch.inputs import PRIMARY_CONFIG, verl_config_dir
+from verl_safe_launch.inputs import PRIMARY_CONFIG, verl_cache, verl_config_dir
 
 
 @dataclass(frozen=True)
@@ -25,7 +24,7 @@ class DefaultsEntry:
     package: str
 
 
-@functools.cache
+@verl_cache
 def _loader() -> Any:
     """Hydra's config loader for verl's config dir (built once per process; it reads no file until asked)."""
     from hydra._internal.config_loader_impl import ConfigLoaderImpl

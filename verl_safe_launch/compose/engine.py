@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from verl_safe_launch.compose import _hydra
+from verl_safe_launch.compose import _hydra, cached_defaults
 from verl_safe_launch.compose.budget import check_interpolation_budget
 from verl_safe_launch.compose.interpolation import Resolver, Unsupported, absolute_key
 from verl_safe_launch.config_view import ConfigView, flatten, format_value
@@ -23,6 +23,7 @@ from verl_safe_launch.inputs import (
     ToolSettings,
     YamlDoc,
     YamlLeaf,
+    cached_bytes,
     display_path,
     parse_override,
     read_yaml,
@@ -114,7 +115,7 @@ class _Base:
 
 
 _BASES: dict[tuple[str, ...], _Base] = {}
-"""verl's composed defaults per config-group choices (the overrides' text, in order); never mutated."""
+"""verl's composed defaults per verl config dir and config-group choices (the overrides' text); never mutated."""
 
 
 def _verl_base(
@@ -127,7 +128,7 @@ def _verl_base(
         config_ids = {id(o) for o in _hydra.config_overrides([o for o, _ in parsed])}
         groups = [o for o, _ in parsed if id(o) not in config_ids]
         _refuse_group_values([(o, t) for o, t in parsed if id(o) not in config_ids])
-        key = tuple(o.input_line for o in groups)
+        key = (str(verl_config_dir()), *(o.input_line for o in groups))
         if key not in _BASES:
             _BASES[key] = _compose_verl(groups)
     except (HydraException, ValueError) as exc:
@@ -165,6 +166,17 @@ def _token_mentioned(message: str, tokens: Sequence[OverrideToken]) -> str | Non
 
 
 def _compose_verl(group_overrides: list[Any]) -> _Base:
+    """verl's defaults under the group choices: from the on-disk cache of the verl in use, else composed."""
+
+    def fresh() -> bytes:
+        return cached_defaults.to_bytes(*_compose_fresh(group_overrides))
+
+    name = cached_defaults.defaults_name([o.input_line for o in group_overrides])
+    cfg, writes = cached_defaults.from_bytes(cached_bytes(name, fresh))
+    return _Base(cfg, writes)
+
+
+def _compose_fresh(group_overrides: list[Any]) -> tuple[Any, tuple[Write, ...]]:
     cfg, entries = _hydra.compose_defaults(group_overrides)
     writes: list[Write] = []
     for entry in entries:
@@ -179,7 +191,7 @@ def _compose_verl(group_overrides: list[Any]) -> _Base:
             if top in _STRIPPED_FILE_KEYS:
                 continue
             writes.append(Write(prefix + leaf.key, leaf.value, Source(Layer.VERL, source_file, leaf.line)))
-    return _Base(cfg, tuple(writes))
+    return cfg, tuple(writes)
 
 
 @functools.lru_cache(maxsize=256)
@@ -404,6 +416,17 @@ def _resolved(cfg: Any, raw: dict[str, Any]) -> dict[str, Any]:
             if OmegaConf.is_config(out[key]):
                 out[key] = OmegaConf.to_container(out[key], resolve=False)
         return out
+
+
+def resolves_flat(cfg: Any) -> bool:
+    """True when every interpolation resolves by the flat resolver (which gives up on anything it is unsure of)."""
+    from omegaconf import OmegaConf
+
+    try:
+        _resolved_flat(flatten(OmegaConf.to_container(cfg, resolve=False)))  # type: ignore[arg-type]
+    except Unsupported:
+        return False
+    return True
 
 
 def _resolved_flat(raw: dict[str, Any]) -> dict[str, Any]:

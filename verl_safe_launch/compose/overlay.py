@@ -32,6 +32,7 @@ from verl_safe_launch.inputs import (
     OverrideToken,
     cli_tokens,
     split_tool_tokens,
+    verl_cache,
     verl_config_dir,
 )
 from verl_safe_launch.provenance import Provenance, Write, writes_by_key
@@ -117,7 +118,7 @@ def plus_accepted(existing: Any, value: Any) -> bool:
     return existing is None or existing == MISSING or isinstance(value, dict | list)
 
 
-@functools.cache
+@verl_cache
 def config_groups() -> frozenset[str]:
     """verl's config groups (``model_engine``, ``actor``...): overrides of these choose files, not values."""
     return frozenset(p.name for p in verl_config_dir().iterdir() if p.is_dir() and not p.name.startswith("_"))

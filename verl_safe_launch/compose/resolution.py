@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from verl_safe_launch.compose.engine import Composed
+from verl_safe_launch.compose.engine import Composed, resolves_flat
 from verl_safe_launch.findings import Finding, Severity
 from verl_safe_launch.provenance import Layer, Source
 
@@ -25,8 +25,8 @@ _RESOLVE_FIXES = (
 def resolution_findings(composed: Composed) -> list[Finding]:
     """One error per leaf whose interpolation OmegaConf (and so verl and ``run``) cannot resolve."""
     findings: list[Finding] = []
-    if composed.cfg is None:
-        return findings  # a script audit composes the flat view only
+    if composed.cfg is None or resolves_flat(composed.cfg):
+        return findings  # a script audit composes the flat view only; or nothing fails to resolve
     for key, prov in composed.view.provenance.items():
         if prov.interpolation is None:
             continue

@@ -25,6 +25,7 @@ from verl_safe_launch.inputs.keytypes import (
     verl_files,
     verl_prefix,
 )
+from verl_safe_launch.inputs.knowledge import cache_root, cached_bytes, cached_fact, knowledge_dir
 from verl_safe_launch.inputs.overrides import (
     OverrideToken,
     ToolSettings,
@@ -32,44 +33,72 @@ from verl_safe_launch.inputs.overrides import (
     parse_override,
     split_tool_tokens,
 )
+from verl_safe_launch.inputs.registries import REGISTRIES, Registry, read_registries, registered_names
+from verl_safe_launch.inputs.release import TESTED, VerlRelease, describe_need, verl_release, version_tuple
 from verl_safe_launch.inputs.request import ComposeRequest, request_from_args
-from verl_safe_launch.inputs.verl_paths import PRIMARY_CONFIG, display_path, verl_config_dir, verl_package_dir
+from verl_safe_launch.inputs.verl_paths import (
+    PRIMARY_CONFIG,
+    VERL_ENV,
+    choose_verl,
+    display_path,
+    package_in,
+    verl_cache,
+    verl_config_dir,
+    verl_package_dir,
+)
 from verl_safe_launch.inputs.yamlfile import YamlDoc, YamlLeaf, parse_yaml, read_yaml
 
 __all__ = [
     "DETECT_ENV",
     "GPU_KEYS",
     "PRIMARY_CONFIG",
+    "REGISTRIES",
+    "TESTED",
+    "VERL_ENV",
     "ComposeRequest",
     "Fact",
     "HardwareProfile",
     "KeyFacts",
     "OverrideToken",
+    "Registry",
     "ToolSettings",
     "TypeSpec",
+    "VerlRelease",
     "YamlDoc",
     "YamlLeaf",
     "as_profile",
+    "cache_root",
+    "cached_bytes",
+    "cached_fact",
+    "choose_verl",
     "cli_tokens",
     "count_of",
     "dataclass_field_names",
+    "describe_need",
     "detect_hardware",
     "display_path",
     "hardware_fills",
     "hardware_findings",
     "key_facts",
+    "knowledge_dir",
     "load_architecture",
     "local_architectures",
     "merge_profiles",
     "names_read_with_get",
+    "package_in",
     "parse_override",
     "parse_yaml",
+    "read_registries",
     "read_yaml",
+    "registered_names",
     "request_from_args",
     "slurm_mem_gib",
     "split_tool_tokens",
+    "verl_cache",
     "verl_config_dir",
     "verl_files",
     "verl_package_dir",
     "verl_prefix",
+    "verl_release",
+    "version_tuple",
 ]

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import bisect
-import functools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from verl_safe_launch.inputs.schema import SchemaField, load_schema
-from verl_safe_launch.inputs.verl_paths import verl_package_dir
+from verl_safe_launch.inputs.verl_paths import verl_cache, verl_package_dir
 from verl_safe_launch.provenance import Layer, Write
 
 TARGET = "_target_"
@@ -192,7 +191,7 @@ def dataclass_fields(target: str) -> dict[str, SchemaField]:
     return dict(load_schema().get(target, {}))
 
 
-@functools.cache
+@verl_cache
 def names_read_with_get() -> frozenset[str]:
     """Key names verl's code reads with ``.get("name")`` (keys it reads without declaring them)."""
     pattern = re.compile(r"\.get\(\s*[\"']([A-Za-z_][A-Za-z0-9_]*)[\"']")

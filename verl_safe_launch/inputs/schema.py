@@ -6,7 +6,6 @@ Generated once from the installed verl (``dataclasses.fields`` + ``typing.get_ty
 
 from __future__ import annotations
 
-import functools
 import json
 import types
 import typing
@@ -15,6 +14,8 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
+
+from verl_safe_launch.inputs.verl_paths import verl_cache
 
 SCHEMA_FILE = "verl_schema.json"
 SCALARS = {int: "int", float: "float", bool: "bool", str: "str"}
@@ -38,7 +39,7 @@ class SchemaField:
         return "dict" in self.kinds or "any" in self.kinds
 
 
-@functools.cache
+@verl_cache
 def load_schema() -> Mapping[str, Mapping[str, SchemaField]]:
     """``_target_`` → field name → field, from the generated data file."""
     text = resources.files("verl_safe_launch.data").joinpath(SCHEMA_FILE).read_text(encoding="utf-8")

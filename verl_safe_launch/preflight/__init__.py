@@ -3,5 +3,23 @@
 from __future__ import annotations
 
 from verl_safe_launch.preflight.pipeline import Preflight, rule_context, run_preflight
+from verl_safe_launch.preflight.release import (
+    header_json,
+    header_lines,
+    safe_header_json,
+    unjudged,
+    use_vendored_verl,
+    vendored_verl,
+)
 
-__all__ = ["Preflight", "rule_context", "run_preflight"]
+__all__ = [
+    "Preflight",
+    "header_json",
+    "header_lines",
+    "rule_context",
+    "run_preflight",
+    "safe_header_json",
+    "unjudged",
+    "use_vendored_verl",
+    "vendored_verl",
+]

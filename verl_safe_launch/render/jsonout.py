@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from verl_safe_launch.findings import Finding
+from verl_safe_launch.preflight import safe_header_json
 from verl_safe_launch.render.report import counts, findings_json, verdict
 
 JSON_SCHEMA_VERSION = 1
@@ -21,7 +22,9 @@ def json_document(
     unread: int = 0,
     unreadable: bool = False,
 ) -> dict[str, Any]:
-    """``{"schema": 1, ...fields}``; with ``findings`` also ``verdict`` and ``summary`` first, ``findings`` last.
+    """``{"schema": 1, "verl": {...}, ...fields}``; with ``findings`` also ``verdict``, ``summary`` first.
+
+    ``verl`` names the release the checks were made for (None where no verl is found), ``findings`` come last.
 
     The outcome comes before the details, the long list of findings after everything else (left out with
     ``list_findings=False`` when ``fields`` list them in parts, as ``audit`` does per launch). ``unread`` parts
@@ -29,11 +32,12 @@ def json_document(
     (``unreadable``) makes it ``input-error``: nothing was judged, so it is never ``go``.
     """
     if findings is None:
-        return {"schema": JSON_SCHEMA_VERSION, **fields}
+        return {"schema": JSON_SCHEMA_VERSION, "verl": safe_header_json(), **fields}
     outcome = {
         "schema": JSON_SCHEMA_VERSION,
         "verdict": "input-error" if unreadable else verdict(findings, unread),
         "summary": counts(findings),
+        "verl": safe_header_json(),
     }
     listed = {"findings": findings_json(findings)} if list_findings else {}
     return outcome | dict(fields) | listed

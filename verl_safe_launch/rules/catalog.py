@@ -6,7 +6,8 @@ from collections.abc import Iterable
 
 from verl_safe_launch.context import RuleContext
 from verl_safe_launch.findings import Finding, Rule, run_table
-from verl_safe_launch.rules import batch, cluster, data, layout, model, modes, rollout, verl_static
+from verl_safe_launch.inputs import verl_release
+from verl_safe_launch.rules import batch, cluster, data, layout, model, modes, registry, rollout, verl_static
 
 RULES: tuple[Rule[RuleContext], ...] = (
     *batch.RULES,
@@ -15,6 +16,7 @@ RULES: tuple[Rule[RuleContext], ...] = (
     *layout.RULES,
     *model.RULES,
     *modes.RULES,
+    *registry.RULES,
     *rollout.RULES,
     *verl_static.RULES,
 )
@@ -22,4 +24,4 @@ RULES: tuple[Rule[RuleContext], ...] = (
 
 def run_rules(ctx: RuleContext, rules: Iterable[Rule[RuleContext]] | None = None) -> list[Finding]:
     """Run every rule (all of them, never first-failure-only) and return all findings."""
-    return run_table(RULES if rules is None else rules, ctx)
+    return run_table(RULES if rules is None else rules, ctx, verl_release().has)

@@ -7,7 +7,7 @@ from verl_safe_launch.context import RuleContext
 from verl_safe_launch.findings import Rule
 from verl_safe_launch.rules.fixes import KeyFix, set_fix
 from verl_safe_launch.rules.kit import Draft, check, kv, plan, skipped
-from verl_safe_launch.rules.plan import GPUS_PER_NODE, NNODES, USE_V1, pos_int, product, varying
+from verl_safe_launch.rules.plan import GPUS_PER_NODE, NNODES, V1, pos_int, product, uses_v1, varying
 from verl_safe_launch.rules.resources import cpu_need, gpu_need
 
 RM = "reward.reward_model"
@@ -137,11 +137,12 @@ def _shrink(view: ConfigView, key: str, have: int) -> KeyFix | None:
 @check(
     "layout-ray-cpus",
     "V1: Ray has CPUs for the GPU bundles and the TransferQueue actors",
+    needs=V1,
 )
 def ray_cpus(ctx: RuleContext) -> list[Draft]:
     """With too few logical CPUs the TransferQueue start-up (tq.init) waits forever, without an error."""
     view = ctx.view
-    if view.get(USE_V1) is False or (pos_int(view.get(NNODES)) or 1) > 1:
+    if not uses_v1(view) or (pos_int(view.get(NNODES)) or 1) > 1:
         return []
     cpus = cpu_need(view)
     need, have = cpus.total, view.get(CPU_KEY)

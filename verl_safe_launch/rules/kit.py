@@ -37,9 +37,9 @@ DraftFn = Callable[[RuleContext], Iterable[Draft]]
 
 
 def check(
-    rule_id: str, description: str, severity: Severity = Severity.ERROR
+    rule_id: str, description: str, severity: Severity = Severity.ERROR, needs: tuple[str, ...] = ()
 ) -> Callable[[DraftFn], Rule[RuleContext]]:
-    """Make a rule of a function returning drafts; the rule turns them into findings."""
+    """Make a rule of a function returning drafts; the rule turns them into findings (``needs``: see ``Rule``)."""
 
     def make(fn: DraftFn) -> Rule[RuleContext]:
         def run(ctx: RuleContext) -> list[Finding]:
@@ -47,7 +47,7 @@ def check(
 
         run.__name__ = run.__qualname__ = fn.__name__
         run.__doc__, run.__module__ = fn.__doc__, fn.__module__
-        return Rule(rule_id, description, severity, run)
+        return Rule(rule_id, description, severity, run, needs)
 
     return make
 

@@ -7,7 +7,15 @@ from verl_safe_launch.context import RuleContext
 from verl_safe_launch.findings import Rule
 from verl_safe_launch.rules.fixes import KeyFix, divisor_fix, search_fix, set_fix
 from verl_safe_launch.rules.kit import Draft, check, kv, not_positive, plan
-from verl_safe_launch.rules.plan import ACTOR_MINI, ROLLOUT_N, TRAIN_BATCH, TRAINER_MODE, USE_V1, pos_int
+from verl_safe_launch.rules.plan import (
+    ACTOR_MINI,
+    ROLLOUT_N,
+    TRAIN_BATCH,
+    TRAINER_MODE,
+    V1,
+    pos_int,
+    uses_v1,
+)
 
 FIRST_STEP = "verl stops at the first training step"
 
@@ -17,12 +25,12 @@ def sync_step_key(view: ConfigView) -> str:
     return f"trainer.v1.{view.get(TRAINER_MODE)}.parameter_sync_step"
 
 
-@check("batch-v1-sync-step", "V1: train_batch_size divisible by the mode's parameter_sync_step")
+@check("batch-v1-sync-step", "V1: train_batch_size divisible by the mode's parameter_sync_step", needs=V1)
 def sync_step(ctx: RuleContext) -> list[Draft]:
     """PPOTrainer.step: ``train_batch_size must be divisible by parameter_sync_step``."""
     view = ctx.view
     key = sync_step_key(view)
-    if view.get(USE_V1) is False or key not in view:
+    if not uses_v1(view) or key not in view:
         return []
     if skip := not_positive(view, (TRAIN_BATCH, key)):
         return skip
@@ -35,12 +43,14 @@ def sync_step(ctx: RuleContext) -> list[Draft]:
 
 
 @check(
-    "batch-v1-separate-async", "separate_async: train_batch_size = parameter_sync_step × ppo_mini_batch_size"
+    "batch-v1-separate-async",
+    "separate_async: train_batch_size = parameter_sync_step × ppo_mini_batch_size",
+    needs=V1,
 )
 def separate_async(ctx: RuleContext) -> list[Draft]:
     """PPOTrainerSeparateAsync.__init__ (inside Ray)."""
     view = ctx.view
-    if view.get(USE_V1) is False or view.get(TRAINER_MODE) != "separate_async":
+    if not uses_v1(view) or view.get(TRAINER_MODE) != "separate_async":
         return []
     key = sync_step_key(view)
     if skip := not_positive(view, (TRAIN_BATCH, key, ACTOR_MINI)):
@@ -63,11 +73,12 @@ def separate_async(ctx: RuleContext) -> list[Draft]:
 @check(
     "layout-separate-async-pool",
     "separate_async: a standalone rollout pool and a non-naive checkpoint engine",
+    needs=V1,
 )
 def separate_async_pool(ctx: RuleContext) -> list[Draft]:
     """PPOTrainerSeparateAsync.__init__: rollout.nnodes/n_gpus_per_node > 0 and checkpoint_engine.backend."""
     view = ctx.view
-    if view.get(USE_V1) is False or view.get(TRAINER_MODE) != "separate_async":
+    if not uses_v1(view) or view.get(TRAINER_MODE) != "separate_async":
         return []
     r = f"{ARR}.rollout"
     drafts: list[Draft] = []
@@ -91,11 +102,11 @@ def gen_batch_forced_to_one(view: ConfigView) -> bool:
     )
 
 
-@check("batch-gen-batch-size", "V1: train_batch_size is a multiple of data.gen_batch_size")
+@check("batch-gen-batch-size", "V1: train_batch_size is a multiple of data.gen_batch_size", needs=V1)
 def gen_batch_size(ctx: RuleContext) -> list[Draft]:
     """PPOTrainer._next_train_batch: ``num_prompts must be a positive multiple of gen_batch_size``."""
     view, key = ctx.view, "data.gen_batch_size"
-    if view.get(USE_V1) is False or view.get(key) is None or gen_batch_forced_to_one(view):
+    if not uses_v1(view) or view.get(key) is None or gen_batch_forced_to_one(view):
         return []
     if skip := not_positive(view, (TRAIN_BATCH, key)):
         return skip
@@ -111,23 +122,27 @@ def gen_batch_size(ctx: RuleContext) -> list[Draft]:
 TRAINER_MODES = ("sync", "colocate_async", "separate_async")
 
 
-@check("verl-trainer-mode", "trainer.v1.trainer_mode is sync, colocate_async or separate_async")
+@check("verl-trainer-mode", "trainer.v1.trainer_mode is sync, colocate_async or separate_async", needs=V1)
 def trainer_mode(ctx: RuleContext) -> list[Draft]:
     """The V1 trainer class lookup (inside Ray)."""
     key = "trainer.v1.trainer_mode"
-    if ctx.view.get("trainer.use_v1") is False or ctx.view.get(key) in TRAINER_MODES:
+    if not uses_v1(ctx.view) or ctx.view.get(key) in TRAINER_MODES:
         return []
     msg = f"{kv(ctx.view, key)} is not a V1 trainer mode ({', '.join(TRAINER_MODES)}); verl looks it up inside Ray"
     return [Draft((key,), msg, (KeyFix(key, TRAINER_MODES),))]
 
 
-@check("batch-v0-agent-chunks", "legacy trainer: train_batch_size × n divisible by rollout.agent.num_workers")
+@check(
+    "batch-v0-agent-chunks",
+    "legacy trainer: train_batch_size × n divisible by rollout.agent.num_workers",
+    needs=(f"config:{ARR}.rollout.agent.num_workers",),
+)
 def v0_agent_chunks(ctx: RuleContext) -> list[Draft]:
     """DataProto.chunk in the V0 agent loop: ``only support equal chunk``."""
     view, p = ctx.view, plan(ctx)
     key = f"{ARR}.rollout.agent.num_workers"
-    if p.v1:
-        return []
+    if p.v1 or view.get(f"{ARR}.rollout.mode", "async") != "async":
+        return []  # releases with a sync rollout mode split over agent workers only in async mode
     if skip := not_positive(view, (TRAIN_BATCH, ROLLOUT_N, key)):
         return skip
     workers = view.get(key)

@@ -35,6 +35,15 @@ MAX_PROMPT = "data.max_prompt_length"
 MAX_RESPONSE = "data.max_response_length"
 USE_V1 = "trainer.use_v1"
 TRAINER_MODE = "trainer.v1.trainer_mode"
+V1 = ("config:trainer.v1",)
+"""What a rule about verl's V1 trainer needs: a release whose config has ``trainer.v1`` (0.9 and later)."""
+
+
+def uses_v1(view: ConfigView) -> bool:
+    """True when the launch runs verl's V1 trainer (``trainer.use_v1`` true; older releases have no such key)."""
+    return view.get(USE_V1) is True
+
+
 FSDP_STRATEGIES = ("fsdp", "fsdp2", "fsdp_turbo")
 ROLE_PREFIX = {"actor": f"{ARR}.actor", "ref": f"{ARR}.ref", "critic": "critic"}
 
@@ -222,7 +231,7 @@ def batch_plan(view: ConfigView) -> BatchPlan:
     gpn, nodes = pos_int(view.get(GPUS_PER_NODE)), pos_int(view.get(NNODES))
     gpus = product(gpn, nodes)
     prompts, n = pos_int(view.get(TRAIN_BATCH)), pos_int(view.get(ROLLOUT_N))
-    v1 = view.get(USE_V1) is not False
+    v1 = uses_v1(view)
     steps = sync_steps(view) if v1 else 1
     actor, ref, critic = (role_layout(view, role, gpus) for role in ("actor", "ref", "critic"))
     with_critic = use_critic(view)
@@ -312,7 +321,7 @@ def _rollout(view: ConfigView, gpus: int | None, prompts: int | None, n: int | N
 
 def rollout_pool(view: ConfigView, gpus: int | None) -> int | None:
     """GPUs the rollout replicas run on: the trainer's (hybrid), or the standalone pool in separate_async."""
-    if view.get(USE_V1) is not False and view.get(TRAINER_MODE) == "separate_async":
+    if uses_v1(view) and view.get(TRAINER_MODE) == "separate_async":
         prefix = f"{ARR}.rollout"
         return product(pos_int(view.get(f"{prefix}.n_gpus_per_node")), pos_int(view.get(f"{prefix}.nnodes")))
     return gpus

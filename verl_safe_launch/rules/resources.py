@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from verl_safe_launch.config_view import ARR, ConfigView
-from verl_safe_launch.rules.plan import TRAINER_MODE, USE_V1
+from verl_safe_launch.rules.plan import TRAINER_MODE, uses_v1
 
 # verl's ResourcePoolManager places one bundle {"CPU": max_colocate_count=3, "GPU": 1} per GPU.
 CPUS_PER_GPU = 3
@@ -72,7 +72,7 @@ def gpu_need(view: ConfigView) -> GpuNeed:
     per_node, nodes = _int(view, "trainer.n_gpus_per_node"), _int(view, "trainer.nnodes")
     parts = [f"global pool {per_node * nodes} = trainer.n_gpus_per_node {per_node} × trainer.nnodes {nodes}"]
     rollout = reward = teacher = 0
-    if view.get(USE_V1) is not False and view.get(TRAINER_MODE) == "separate_async":
+    if uses_v1(view) and view.get(TRAINER_MODE) == "separate_async":
         rollout, text = _pool(view, f"{ARR}.rollout", "rollout pool")
         parts.append(text)
     if view.get("reward.reward_model.enable_resource_pool"):
@@ -88,7 +88,7 @@ def cpu_need(view: ConfigView, gpus: GpuNeed | None = None) -> CpuNeed:
     """Ray CPUs the run reserves; the TransferQueue share applies to the V1 trainer (or TQ enabled)."""
     gpus = gpus or gpu_need(view)
     tq = 0
-    if view.get(USE_V1) or view.get("transfer_queue.enable"):
+    if uses_v1(view) or view.get("transfer_queue.enable"):
         units = _int(view, "transfer_queue.backend.SimpleStorage.num_data_storage_units") or 1
         tq = TQ_CONTROLLER_CPUS + units
     return CpuNeed(CPUS_PER_GPU * gpus.total, tq)

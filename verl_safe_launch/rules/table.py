@@ -11,11 +11,11 @@ RuleFn = Callable[[RuleContext], list[Finding]]
 
 
 def rule(
-    rule_id: str, description: str, severity: Severity = Severity.ERROR
+    rule_id: str, description: str, severity: Severity = Severity.ERROR, needs: tuple[str, ...] = ()
 ) -> Callable[[RuleFn], Rule[RuleContext]]:
     """Make a rule of a function returning findings (the module lists it in its ``RULES`` tuple)."""
 
     def make(fn: RuleFn) -> Rule[RuleContext]:
-        return Rule(rule_id, description, severity, fn)
+        return Rule(rule_id, description, severity, fn, needs)
 
     return make

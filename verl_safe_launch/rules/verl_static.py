@@ -9,6 +9,7 @@ from verl_safe_launch.audit import STRATEGY_KEYS
 from verl_safe_launch.config_view import ARR, ConfigView, format_value, ref_in_actor
 from verl_safe_launch.context import RuleContext
 from verl_safe_launch.findings import Rule
+from verl_safe_launch.inputs import verl_release
 from verl_safe_launch.rules.fixes import KeyFix, divisor_fix, set_fix
 from verl_safe_launch.rules.kit import Draft, check, is_true, kv, not_positive, plan
 from verl_safe_launch.rules.plan import (
@@ -94,9 +95,11 @@ def micro_key_drafts(
         return [
             Draft((keys.per_gpu, dynamic_key), msg, (per_gpu_fix(keys, p, None), set_fix(dynamic_key, True)))
         ]
-    if per is None and read_late:
+    if (
+        per is None and read_late and verl_release().has("since:0.9.0")
+    ):  # the later assertion is read from 0.9's workers
         msg = (
-            f"{kv(view, keys.deprecated)} is deprecated and {keys.per_gpu} is not set: verl 0.9.1 accepts "
+            f"{kv(view, keys.deprecated)} is deprecated and {keys.per_gpu} is not set: {verl_release().name} accepts "
             f"this, then stops with a bare AssertionError {keys.late}"
         )
         start = max(1, dep // keys.dp(p)) if pos_int(dep) and keys.dp(p) else None
@@ -161,7 +164,11 @@ def _critic_by_default(view: ConfigView) -> bool:
 ESTIMATOR, CRITIC_PATH = "algorithm.adv_estimator", "critic.model.path"
 
 
-@check("verl-dynamic-bsz-mismatch", "actor and old log-prob must agree on dynamic batch size")
+@check(
+    "verl-dynamic-bsz-mismatch",
+    "actor and old log-prob must agree on dynamic batch size",
+    needs=("since:0.9.0",),
+)
 def dynamic_mismatch(ctx: RuleContext) -> list[Draft]:
     """The workers assert actor.use_dynamic_bsz == rollout.log_prob_use_dynamic_bsz."""
     view = ctx.view
@@ -169,7 +176,7 @@ def dynamic_mismatch(ctx: RuleContext) -> list[Draft]:
     if bool(actor) == bool(logprob):
         return []
     msg = (
-        f"{kv(view, ACTOR_DYNAMIC)} but {kv(view, LOGPROB_DYNAMIC)}: verl 0.9.1 accepts this, then stops "
+        f"{kv(view, ACTOR_DYNAMIC)} but {kv(view, LOGPROB_DYNAMIC)}: {verl_release().name} accepts this, then stops "
         "with a bare AssertionError when the workers build the actor"
     )
     return [Draft((ACTOR_DYNAMIC, LOGPROB_DYNAMIC), msg, (set_fix(LOGPROB_DYNAMIC, bool(actor)),))]
@@ -316,7 +323,7 @@ def strategy(ctx: RuleContext) -> list[Draft]:
         keys += [f"{ARR}.actor.fsdp_config.strategy", f"{ARR}.ref.fsdp_config.strategy"]
     if p.use_critic:
         keys += ["critic.strategy"] + (["critic.fsdp.strategy"] if engine == "dp" else [])
-    wrong = [key for key in keys if view.get(key) not in expected]
+    wrong = [key for key in keys if key in view and view.get(key) not in expected]  # a release may lack one
     shown = [key for key in wrong if getattr(view.prov(key), "follows", None) not in wrong]
     # Another engine's strategy is one root cause, reported once by the audit's engine-mismatch.
     other = {"dp": ("megatron",), "megatron": FSDP_STRATEGIES}[str(engine)]
