@@ -11,15 +11,15 @@ from verl_safe_launch.audit import (
     HAND_MOVES,
     RELEASES,
     TAGS,
+    Upgrade,
     detect,
     evidence_of,
     flatten_release_yaml,
-    history_json,
     generate_moves,
     generated_moves,
     history,
+    history_json,
     moves_json,
-    Upgrade,
     plan_upgrade,
     version,
 )
@@ -122,7 +122,9 @@ def test_every_moved_key_of_an_older_release_lands_with_its_value(
         and isinstance(v, bool | int | float | str)
         and not (isinstance(v, str) and ("${" in v or v == "???"))
         and not k.startswith(("reward_model.", "custom_reward_function."))
-        and not current_key(k, moves, installed).endswith("_per_gpu")  # converted with arithmetic, tested above
+        and not current_key(k, moves, installed).endswith(
+            "_per_gpu"
+        )  # converted with arithmetic, tested above
     }
     if not chosen:
         pytest.skip(f"no key of verl {series} has moved since")
@@ -149,7 +151,16 @@ def test_the_oldest_releases_history_is_generated_from_their_own_yaml(yaml_file:
 DETECTIONS = [
     # (overrides, oldest, newest, weak)
     (["ray_init.num_cpus=8", "trainer.profile_steps=[1]"], "0.4", "0.5", False),
-    (["critic.model.fsdp_config.param_offload=true", "reward.reward_model.enable=true", f"{ARR}.rollout.name=vllm"], "0.7", "0.7", False),
+    (
+        [
+            "critic.model.fsdp_config.param_offload=true",
+            "reward.reward_model.enable=true",
+            f"{ARR}.rollout.name=vllm",
+        ],
+        "0.7",
+        "0.7",
+        False,
+    ),
     # a key a release lacks: '+' on a key it has fails there, so the launch is older than trainer.val_before_train
     (["+trainer.val_before_train=false", "custom_reward_function.path=r.py"], "0.3", "0.3", False),
     # nothing sets the rollout engine, which is mandatory from 0.6 on
@@ -213,7 +224,9 @@ def test_json_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
     assert {"moved", "converted", "removed", "added", "default"} <= kinds
 
 
-def _plan(overrides: list[str], installed: dict[str, object], source: str = "0.3", gpus: int | None = None) -> Upgrade:
+def _plan(
+    overrides: list[str], installed: dict[str, object], source: str = "0.3", gpus: int | None = None
+) -> Upgrade:
     from verl_safe_launch.audit import read_layout
 
     tokens = cli_tokens(overrides)
@@ -224,7 +237,6 @@ def _plan(overrides: list[str], installed: dict[str, object], source: str = "0.3
 def _texts(upgrade: Upgrade) -> list[str]:
     """The upgraded overrides, less the rollout engine every launch older than 0.6 gets."""
     return [t.text for t in upgrade.tokens if not t.text.startswith(f"{ARR}.rollout.name=")]
-
 
 
 ULYSSES = [
@@ -263,7 +275,9 @@ def test_an_unreadable_gpu_count_is_never_assumed(installed: dict[str, object]) 
     from verl_safe_launch.audit import read_layout
 
     tokens = cli_tokens([f"{ARR}.actor.ppo_micro_batch_size=16"])
-    unreadable = {"trainer.n_gpus_per_node": "line 5 ($GPUS) depends on the command substitution $(nvidia-smi)"}
+    unreadable = {
+        "trainer.n_gpus_per_node": "line 5 ($GPUS) depends on the command substitution $(nvidia-smi)"
+    }
     layout = read_layout(tokens, history(RELEASES["0.3"]), unreadable, None)
     refused = plan_upgrade(tokens, "0.3", "--from 0.3", installed, layout)
     assert _texts(refused) == [f"{ARR}.actor.ppo_micro_batch_size=16"]
@@ -313,7 +327,9 @@ def test_project_keys_are_listed_and_a_group_estimator_without_a_group_is_refuse
     refused = lone_group(composed.view, project)
     assert len(refused) == 1 and "grpo without a group is not grpo" in refused[0].detail
     assert "env.rollout.n=8" in refused[0].detail
-    grouped = compose(ComposeRequest(overrides=cli_tokens(["algorithm.adv_estimator=grpo", f"{ARR}.rollout.n=8"])))
+    grouped = compose(
+        ComposeRequest(overrides=cli_tokens(["algorithm.adv_estimator=grpo", f"{ARR}.rollout.n=8"]))
+    )
     assert lone_group(grouped.view, project) == []
     assert "grpo" in GROUP_ESTIMATORS and "gae" not in GROUP_ESTIMATORS
 

@@ -113,7 +113,9 @@ def upgraded_config(data: dict[str, Any], extra: list[str] | None = None) -> Com
     words = shlex.split(data["command"])[1:]
     files = tuple(Path(words[i + 1]) for i, w in enumerate(words) if w == "-c")
     tokens = [w for i, w in enumerate(words) if w != "-c" and (i == 0 or words[i - 1] != "-c")]
-    return compose(ComposeRequest(config_files=files, overrides=cli_tokens([*tokens, *(extra or [])]), lenient=True))
+    return compose(
+        ComposeRequest(config_files=files, overrides=cli_tokens([*tokens, *(extra or [])]), lenient=True)
+    )
 
 
 def _effective_sp(values: dict[str, int | None]) -> dict[str, int]:
@@ -124,11 +126,15 @@ def _effective_sp(values: dict[str, int | None]) -> dict[str, int]:
 
 
 def _sp_before(path: Path) -> dict[str, int]:
-    launch = read_script(path).launches[0]
+    launch = read_script(path)[0]
     found: dict[str, int | None] = {}
     for token in launch.tokens:
         key, _, value = token.text.lstrip("+").partition("=")
-        for role, prefix in (("actor", "actor_rollout_ref.actor."), ("ref", "actor_rollout_ref.ref."), ("critic", "critic.")):
+        for role, prefix in (
+            ("actor", "actor_rollout_ref.actor."),
+            ("ref", "actor_rollout_ref.ref."),
+            ("critic", "critic."),
+        ):
             if key.startswith(prefix) and key.endswith("ulysses_sequence_parallel_size"):
                 found[role] = int(value)
     return _effective_sp(found)
@@ -143,8 +149,14 @@ def _sp_after(composed: Composed) -> dict[str, int]:
 
     arr = "actor_rollout_ref"
     return {
-        "actor": role(f"{arr}.actor.ulysses_sequence_parallel_size", f"{arr}.actor.fsdp_config.ulysses_sequence_parallel_size"),
-        "ref": role(f"{arr}.ref.ulysses_sequence_parallel_size", f"{arr}.ref.fsdp_config.ulysses_sequence_parallel_size"),
+        "actor": role(
+            f"{arr}.actor.ulysses_sequence_parallel_size",
+            f"{arr}.actor.fsdp_config.ulysses_sequence_parallel_size",
+        ),
+        "ref": role(
+            f"{arr}.ref.ulysses_sequence_parallel_size",
+            f"{arr}.ref.fsdp_config.ulysses_sequence_parallel_size",
+        ),
         "critic": int(view.get("critic.fsdp.ulysses_sequence_parallel_size") or 1),
     }
 
@@ -163,7 +175,7 @@ def judge(path: Path, out_dir: Path) -> Outcome:
         if finding.severity is Severity.ERROR and not set(finding.keys) & refused:
             outcome.check_errors.append(f"[{finding.rule_id}] {finding.message[:160]}")
     explained = {c["key"] for c in changes if c["kind"] in ACCOUNTED}
-    launch = read_script(path).launches[0]
+    launch = read_script(path)[0]
     for token in launch.tokens:
         key = token.text.lstrip("+~").partition("=")[0]
         if key not in explained and composed.view.get(key) is None and not token.text.endswith("=null"):

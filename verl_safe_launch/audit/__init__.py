@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from verl_safe_launch.audit.aliases import ALIASES, IGNORED, covered, yaml_deprecations
+from verl_safe_launch.audit.defaults import NEW_DEFAULTS, default_changes, installed_defaults
 from verl_safe_launch.audit.detect import Detection, Evidence, detect, evidence_of
 from verl_safe_launch.audit.history import (
     INSTALLED_SERIES,
@@ -34,8 +35,6 @@ from verl_safe_launch.audit.upgrade import (
     Change,
     Upgrade,
     current_key,
-    default_changes,
-    installed_defaults,
     moves_after,
     override_value,
     plan_upgrade,
@@ -55,6 +54,7 @@ __all__ = [
     "HAND_MOVES",
     "IGNORED",
     "INSTALLED_SERIES",
+    "NEW_DEFAULTS",
     "REF_SP",
     "RELEASES",
     "STRATEGY_KEYS",

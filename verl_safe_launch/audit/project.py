@@ -79,11 +79,14 @@ def group_estimators() -> frozenset[str]:
 
 
 def lone_group(view: ConfigView, project: Sequence[tuple[str, str, int | None]]) -> list[Change]:
-    """A group estimator left with one response per prompt: every advantage is zero and nothing is learned."""
+    """A group estimator left with one response per prompt once the project's own keys are left behind (one of
+    them may have set the group size): every advantage is zero and nothing is learned."""
     estimator = view.get("algorithm.adv_estimator")
-    if not isinstance(estimator, str) or estimator not in GROUP_ESTIMATORS or view.get(GROUP_SIZE) != 1:
+    if not project or not isinstance(estimator, str) or estimator not in GROUP_ESTIMATORS:
         return []
-    keys = ", ".join(f"{k}={v} (line {line})" for k, v, line in project) or "none"
+    if view.get(GROUP_SIZE) != 1:
+        return []
+    keys = ", ".join(f"{k}={v} (line {line})" for k, v, line in project)
     detail = (
         f"algorithm.adv_estimator={estimator} compares the responses of one prompt with each other, and "
         f"{GROUP_SIZE}={format_value(view.get(GROUP_SIZE))} gives each prompt one response: {estimator} without a "

@@ -19,10 +19,10 @@ from verl_safe_launch.audit.history import (
 )
 from verl_safe_launch.audit.migrate import hydra_literal
 from verl_safe_launch.audit.parallel import ACTOR_SP, REF_SP, Layout, plain_int, read_layout
-from verl_safe_launch.compose import compose
+from verl_safe_launch.audit.values import REQUIRED_HINTS, REQUIRED_WHEN
 from verl_safe_launch.config_view import ARR, format_value
 from verl_safe_launch.errors import UsageError
-from verl_safe_launch.inputs import ComposeRequest, OverrideToken
+from verl_safe_launch.inputs import OverrideToken
 
 _PROFILER = "profiling options were gathered in the global_profiler section"
 _RAY = "Ray's init options moved under ray_kwargs"
@@ -149,7 +149,7 @@ def plan_upgrade(
     changes += notes
     added, notes = _mandatory(out, source, installed)
     out += added
-    changes += notes
+    changes += notes + _required_now(out)
     return Upgrade(source, detected, tuple(out), tuple(changes))
 
 
@@ -350,45 +350,19 @@ def _mandatory(
     return added, changes
 
 
-# Behaviour that changed with no key to compare in the older release: (key, release, old value, why).
-NEW_DEFAULTS: tuple[tuple[str, str, object, str], ...] = (
-    (
-        "trainer.use_v1",
-        "0.9",
-        False,
-        "verl 0.9 runs the V1 trainer by default; the launch ran the legacy trainer",
-    ),
-)
-
-
-def default_changes(
-    tokens: Sequence[OverrideToken],
-    source: str,
-    installed: Mapping[str, object],
-    used: Callable[[str], bool] = lambda key: True,
-) -> list[Change]:
-    """Defaults that changed since ``source`` for keys the launch leaves unset and the run uses: reported,
-    each with the override that keeps the old behaviour (old keys followed to their current name)."""
-    set_keys = {token_key(t.text)[1] for t in tokens}
-    moves = moves_after(source)
-    changes: list[Change] = []
-    olds = dict(history(RELEASES[source]))
-    olds.update({k: v for k, since, v, _ in NEW_DEFAULTS if _newer(since, source) and k not in olds})
-    for key, old in olds.items():
-        current = current_key(key, moves, installed)
-        if current in set_keys or current not in installed or not used(current) or _legacy(current):
+def _required_now(tokens: Sequence[OverrideToken]) -> list[Change]:
+    """Keys verl 0.9.1 requires once a section is switched on, with no old key to take the value from."""
+    values = {token_key(t.text)[1]: token_key(t.text)[2] for t in tokens}
+    out: list[Change] = []
+    for key, switch in REQUIRED_WHEN.items():
+        if key in values or (values.get(switch) or "").strip("'\"").lower() != "true":
             continue
-        new = installed[current]
-        if (
-            _same(old, new)
-            or key.endswith("._target_")
-            or any(r.key == key and r.value == old for r in REMOVED)
-        ):
-            continue
-        why = next((w for k, _, _, w in NEW_DEFAULTS if k == key), "the run behaves differently")
-        detail = f"default {format_value(old)} in verl {source}, {format_value(new)} now: {why}"
-        changes.append(Change("default", current, detail, None, current, f"{current}={override_value(old)}"))
-    return changes
+        detail = (
+            f"{switch}=true: verl 0.9.1 serves the reward model with an inference engine and requires {key}, which "
+            f"no earlier key of the launch says; set {key}={REQUIRED_HINTS.get(key, '...')} yourself"
+        )
+        out.append(Change("refused", key, detail, None, key))
+    return out
 
 
 def current_key(key: str, moves: Sequence[Move], installed: Mapping[str, object] | None = None) -> str:
@@ -408,18 +382,6 @@ def _legacy(key: str) -> bool:
     return key.split(".", 1)[0] in ("reward_model", "custom_reward_function", "sandbox_fusion")
 
 
-def _same(old: object, new: object) -> bool:
-    """True when there is no behaviour change to report (equal, interpolated, mandatory, or a whole node)."""
-    return (
-        old == new
-        or _numeric(old) == _numeric(new) is not None
-        or _interpolated(old)
-        or _interpolated(new)
-        or "???" in (old, new)
-        or isinstance(old, dict | list)
-    )
-
-
 def override_value(value: object) -> str:
     """A value as an override writes it: bare when Hydra reads it back as the same string, else quoted."""
     if isinstance(value, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_./-]*", value) and value not in _WORDS:
@@ -428,23 +390,3 @@ def override_value(value: object) -> str:
 
 
 _WORDS = frozenset({"true", "false", "null", "True", "False", "None", "nan", "inf"})
-
-
-def _numeric(value: object) -> float | None:
-    """A number, or a string YAML 1.1 left unread (``1e-6``), as a float; None for anything else."""
-    if isinstance(value, bool) or not isinstance(value, int | float | str):
-        return None
-    try:
-        return float(value)
-    except ValueError:
-        return None
-
-
-def _interpolated(value: object) -> bool:
-    return isinstance(value, str) and "${" in value
-
-
-def installed_defaults() -> dict[str, object]:
-    """The installed verl's defaults, flattened (what an upgraded or fixed launch is composed against)."""
-    view = compose(ComposeRequest()).view
-    return {key: view.get(key) for key in view.keys()}  # noqa: SIM118 (a view, not a dict)

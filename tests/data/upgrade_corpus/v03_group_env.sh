@@ -14,7 +14,7 @@ python3 -m verl.trainer.main_ppo \
     data.max_response_length=512 \
     data.filter_overlong_prompts=True \
     actor_rollout_ref.model.path=Qwen/Qwen2.5-1.5B-Instruct \
-    actor_rollout_ref.actor.ppo_mini_batch_size=128 \
+    actor_rollout_ref.actor.ppo_mini_batch_size=16 \
     actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16 \
     actor_rollout_ref.actor.use_kl_loss=True \
     actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=32 \
