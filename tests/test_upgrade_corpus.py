@@ -44,6 +44,7 @@ def test_the_corpus_covers_the_era() -> None:
         ("v03_eval_only.sh", "converted", "'+' dropped: verl 0.9.1 has trainer.val_only"),
         ("v02_vendored_agent.sh", "refused", "grpo without a group is not grpo"),
         ("v03_group_env.sh", "project", "env.rollout.n=8 is the project's own setting"),
+        ("v03_group_env.sh", "refused", "Project keys that may have carried the group size"),
         ("v03_grpo_custom_reward.sh", "converted", "16 / 4 data-parallel ranks = 4 per GPU"),
         ("v03_grpo_custom_reward.sh", "added", "ref.fsdp_config.ulysses_sequence_parallel_size=2"),
         ("v03_ulysses_32gpu.sh", "converted", "16 / 16 data-parallel ranks = 1 per GPU"),

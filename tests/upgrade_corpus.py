@@ -19,6 +19,7 @@ from typing import Any
 
 from verl_oracle import verl_verdict
 
+from verl_safe_launch.audit import depends_on
 from verl_safe_launch.cli import main
 from verl_safe_launch.compose import Composed, compose
 from verl_safe_launch.findings import Severity
@@ -172,7 +173,7 @@ def judge(path: Path, out_dir: Path) -> Outcome:
     refused = {c["key"] for c in changes if c["kind"] in ("refused", "project")}
     refused |= {c["new_key"] for c in changes if c["kind"] == "refused" and c["new_key"]}
     for finding in run_preflight(composed).findings:
-        if finding.severity is Severity.ERROR and not set(finding.keys) & refused:
+        if finding.severity is Severity.ERROR and not set(depends_on(finding)) & refused:
             outcome.check_errors.append(f"[{finding.rule_id}] {finding.message[:160]}")
     explained = {c["key"] for c in changes if c["kind"] in ACCOUNTED}
     launch = read_script(path)[0]

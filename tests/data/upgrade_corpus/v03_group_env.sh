@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # expect-release: 0.3
-# A vendored-verl agent project: its estimator and its group size (env.rollout.n) are its own, not verl's.
+# A vendored-verl agent project: its group size (env.rollout.n) and its estimator's weights are its own, not verl's.
 set -x
 
 python3 -m verl.trainer.main_ppo \
-    algorithm.adv_estimator=gigpo \
+    algorithm.adv_estimator=grpo \
     algorithm.gamma=0.95 \
     +algorithm.gigpo.step_advantage_w=1.0 \
     data.train_files=/data/alfworld/train.parquet \
