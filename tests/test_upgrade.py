@@ -66,6 +66,7 @@ def _upgrade(tmp_path: Path, *args: str, capsys: pytest.CaptureFixture[str]) -> 
     return code, out, err
 
 
+@pytest.mark.slow  # upgrade checks its advice with verl's validate_config
 def test_a_05_script_upgrades_to_a_config_the_installed_verl_composes(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -104,6 +105,7 @@ def test_the_original_script_is_refused_where_the_upgrade_is_not(installed: dict
     )
 
 
+@pytest.mark.slow  # upgrade checks its advice with verl's validate_config
 @pytest.mark.parametrize("series", [s for s in RELEASES if s != "0.9"])
 def test_every_moved_key_of_an_older_release_lands_with_its_value(
     series: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], installed: dict[str, object]
@@ -203,6 +205,7 @@ def test_a_global_micro_batch_that_does_not_split_is_refused_not_guessed(
     assert upgrade.tokens[0].text == "actor_rollout_ref.actor.ppo_micro_batch_size=12"
 
 
+@pytest.mark.slow  # upgrade checks its advice with verl's validate_config
 def test_output_is_never_overwritten_without_force(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -215,6 +218,7 @@ def test_output_is_never_overwritten_without_force(
     assert main(["upgrade", str(SCRIPT), "-o", str(tmp_path / "file")]) == 2
 
 
+@pytest.mark.slow  # upgrade checks its advice with verl's validate_config
 def test_json_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["upgrade", str(SCRIPT), "--format", "json", "-o", str(tmp_path / "out")])
     data = json.loads(capsys.readouterr().out)

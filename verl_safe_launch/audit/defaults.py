@@ -46,6 +46,8 @@ def default_changes(
     olds.update({k: v for k, since, v, _ in NEW_DEFAULTS if _newer(since, source) and k not in olds})
     for key, old in olds.items():
         current = current_key(key, moves, installed)
+        if current != key and (current in olds or current.endswith("_per_gpu") != key.endswith("_per_gpu")):
+            continue  # the release had the new key too (its default counted), or the old one was a global size
         if current in set_keys or current not in installed or not used(current) or _legacy(current):
             continue
         new = installed[current]
