@@ -254,13 +254,16 @@ def test_migrate_fix_writes_deprecated_keys_the_new_way_and_keeps_exports(cli: C
     result = cli("migrate", str(script), "-o", str(out), "--fix")
     assert result.code == 0, result.err
     assert (
-        "fixed: actor_rollout_ref.actor.ppo_micro_batch_size -> actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu (line 2): global micro batch 16 / 8 GPUs = 2 per GPU"
+        "fixed: actor_rollout_ref.actor.ppo_micro_batch_size -> actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu (line 2): global micro batch 16 / 4 data-parallel ranks = 4 per GPU (4 ranks = 8 GPUs / Ulysses SP 2"
         in result.err
     )
     view = compose(ComposeRequest(config_files=(out,))).view
-    assert view.get("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu") == 2
+    assert view.get("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu") == 4  # 16 / (8 GPUs / SP 2)
     assert view.get("actor_rollout_ref.actor.ppo_micro_batch_size") is None
     assert view.get("actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size") == 2
+    assert (
+        view.get("actor_rollout_ref.ref.fsdp_config.ulysses_sequence_parallel_size") == 2
+    )  # it followed the actor
     assert view.get("ray_kwargs.ray_init.runtime_env.env_vars.VLLM_ATTENTION_BACKEND") == "XFORMERS"
     check = cli("check", "-c", str(out))
     assert "deprecated-alias" not in check.out and "runtime_env" not in check.out

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import itertools
 import json
+import re
 from collections import Counter
 from dataclasses import dataclass
 from importlib import resources
@@ -12,6 +13,9 @@ from typing import Any
 
 # Release series → the history file that stands for it (the last tag of the series we have).
 RELEASES: dict[str, str] = {
+    "0.1": "v0.1",
+    "0.2": "v0.2.0.post2",
+    "0.3": "v0.3.0.post1",
     "0.4": "v0.4.1",
     "0.5": "v0.5.0",
     "0.6": "v0.6.1",
@@ -19,7 +23,19 @@ RELEASES: dict[str, str] = {
     "0.8": "v0.8.0",
     "0.9": "v0.9.0",
 }
-TAGS = ("v0.4.1", "v0.5.0", "v0.6.0", "v0.6.1", "v0.7.0", "v0.7.1", "v0.8.0", "v0.9.0")
+TAGS = (
+    "v0.1",
+    "v0.2.0.post2",
+    "v0.3.0.post1",
+    "v0.4.1",
+    "v0.5.0",
+    "v0.6.0",
+    "v0.6.1",
+    "v0.7.0",
+    "v0.7.1",
+    "v0.8.0",
+    "v0.9.0",
+)
 INSTALLED_SERIES = "0.9"
 
 
@@ -42,14 +58,14 @@ def history(tag: str) -> dict[str, Any]:
 
 
 def series_of(tag: str) -> str:
-    """``v0.6.1`` → ``0.6``."""
+    """``v0.6.1`` → ``0.6``; ``v0.1`` → ``0.1``."""
     return ".".join(tag.lstrip("v").split(".")[:2])
 
 
 def version(release: str) -> tuple[int, ...]:
     """A release as a comparable tuple; a series (``0.7``) stands for the tag that represents it (0.7.1)."""
     text = RELEASES.get(release, release).lstrip("v")
-    return tuple(int(part) for part in text.split("."))
+    return tuple(int(part) for part in re.findall(r"\d+", text))
 
 
 def generate_moves() -> list[Move]:
@@ -114,6 +130,29 @@ def _best(
         return None
     evidence = f"'{prefix or '(top level)'}' moved to '{new_prefix}' ({support[(prefix, new_prefix)]} keys)"
     return Move(key, target, tag.lstrip("v"), evidence)
+
+
+def flatten_release_yaml(text: str) -> dict[str, Any]:
+    """A release's ``ppo_trainer.yaml`` as the history stores it: every leaf flattened with dots, its value as YAML
+    loads it (interpolations stay strings; an empty mapping is a leaf)."""
+    import yaml
+
+    def walk(node: dict[str, Any], prefix: str) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in node.items():
+            if isinstance(value, dict) and value:
+                out.update(walk(value, f"{prefix}{key}."))
+            else:
+                out[f"{prefix}{key}"] = value
+        return out
+
+    data = yaml.safe_load(text)
+    return walk(data if isinstance(data, dict) else {}, "")
+
+
+def history_json(flat: dict[str, Any]) -> str:
+    """The flattened config as the JSON file shipped in the package (keys sorted)."""
+    return json.dumps(dict(sorted(flat.items())), indent=0) + "\n"
 
 
 def last_release_with(key: str) -> str | None:

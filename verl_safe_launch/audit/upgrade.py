@@ -6,7 +6,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from verl_safe_launch.audit.aliases import ALIASES
+from verl_safe_launch.audit.aliases import ALIASES, legacy_reward_key
 from verl_safe_launch.audit.history import (
     INSTALLED_SERIES,
     RELEASES,
@@ -14,17 +14,21 @@ from verl_safe_launch.audit.history import (
     Move,
     generated_moves,
     history,
+    series_of,
     version,
 )
 from verl_safe_launch.audit.migrate import hydra_literal
-from verl_safe_launch.compose import compose
+from verl_safe_launch.audit.parallel import ACTOR_SP, REF_SP, Layout, plain_int, read_layout
+from verl_safe_launch.audit.values import REQUIRED_HINTS, REQUIRED_WHEN
 from verl_safe_launch.config_view import ARR, format_value
 from verl_safe_launch.errors import UsageError
-from verl_safe_launch.inputs import ComposeRequest, OverrideToken
+from verl_safe_launch.inputs import OverrideToken
 
 _PROFILER = "profiling options were gathered in the global_profiler section"
 _RAY = "Ray's init options moved under ray_kwargs"
 _REWARD = "reward settings moved under reward.* in 0.7.1, and 0.9 no longer reads the top-level keys"
+_CHECKPOINT = "checkpoint.contents was split into save_contents and load_contents (which follows save_contents by default)"
+_LEGACY_READ = "verl 0.9.1's main_ppo reads reward settings only under reward.*; the top-level key is accepted and ignored"
 
 # Moves the history cannot derive (the leaf changed, or the old key lingered as an ignored legacy key).
 HAND_MOVES: tuple[Move, ...] = (
@@ -36,6 +40,10 @@ HAND_MOVES: tuple[Move, ...] = (
     Move("reward_model.reward_manager", "reward.reward_manager.name", "0.9.0", _REWARD),
     Move("custom_reward_function.path", "reward.custom_reward_function.path", "0.9.0", _REWARD),
     Move("custom_reward_function.name", "reward.custom_reward_function.name", "0.9.0", _REWARD),
+    *(
+        Move(f"{role}.checkpoint.contents", f"{role}.checkpoint.save_contents", "0.4.1", _CHECKPOINT)
+        for role in (f"{ARR}.actor", "critic")
+    ),
 )
 
 
@@ -65,11 +73,21 @@ REMOVED: tuple[Removed, ...] = (
     ),
 )
 
+# Removed keys whose meaning lives on in other keys: (key, value, replacement overrides, release, why).
+EXPANDED: tuple[tuple[str, str, tuple[str, ...], str, str], ...] = (
+    (
+        "trainer.remove_previous_ckpt_in_save",
+        "true",
+        ("trainer.max_actor_ckpt_to_keep=1", "trainer.max_critic_ckpt_to_keep=1"),
+        "0.3.0.post1",
+        "keeping only the newest checkpoint is said with the max_*_ckpt_to_keep keys",
+    ),
+)
+
 # Deprecated global micro batch sizes → per-GPU sizes (the global size divided by the trainer's GPUs).
 PER_GPU: tuple[tuple[str, str], ...] = tuple(
     (a.old, a.new) for a in ALIASES if a.new.endswith("_per_gpu") and a.old + "_per_gpu" == a.new
 )
-GPUS_KEYS = ("trainer.n_gpus_per_node", "trainer.nnodes")
 MANDATORY_SINCE = {f"{ARR}.rollout.name": "0.6.0"}
 
 
@@ -95,19 +113,6 @@ class Upgrade:
     changes: tuple[Change, ...]
 
 
-def detect_release(keys: Sequence[str], installed: Mapping[str, object]) -> tuple[str, str]:
-    """The release series a launch's keys fit best (ties: the newest), and how that was decided."""
-    plain = sorted({k for k in keys if k})
-    if not plain:
-        return INSTALLED_SERIES, "no keys set: nothing to upgrade"
-    if all(k in installed for k in plain):
-        return INSTALLED_SERIES, f"all {len(plain)} keys are known to the installed verl"
-    scores = {series: sum(k in history(tag) for k in plain) for series, tag in RELEASES.items()}
-    best = max(scores.values())
-    series = max((s for s, n in scores.items() if n == best), key=lambda s: tuple(map(int, s.split("."))))
-    return series, f"{best} of {len(plain)} keys are known to verl {series} (--from auto)"
-
-
 def token_key(text: str) -> tuple[str, str, str | None]:
     """(prefix of + / ++ / ~, key, value text or None) of one override."""
     stripped = text.lstrip("+~")
@@ -117,9 +122,16 @@ def token_key(text: str) -> tuple[str, str, str | None]:
 
 
 def plan_upgrade(
-    tokens: Sequence[OverrideToken], source: str, detected: str, installed: Mapping[str, object]
+    tokens: Sequence[OverrideToken],
+    source: str,
+    detected: str,
+    installed: Mapping[str, object],
+    layout: Layout | None = None,
 ) -> Upgrade:
-    """Map, convert and drop the tokens of a launch written for ``source`` so that the installed verl runs it."""
+    """Map, convert and drop the tokens of a launch written for ``source`` so that the installed verl runs it.
+
+    ``layout`` is what the launch says about its GPUs and sequence parallelism (by default read from the tokens and
+    the release's defaults); a global micro batch size is converted only when it is known."""
     if source not in RELEASES:
         raise UsageError(
             f"unknown release '{source}'", where="--from", fix="use one of: auto, " + ", ".join(RELEASES)
@@ -127,15 +139,17 @@ def plan_upgrade(
     moves = moves_after(source)
     out: list[OverrideToken] = []
     changes: list[Change] = []
-    gpus = _gpus(tokens, source, moves)
+    layout = layout or read_layout(tokens, history(RELEASES[source]), {}, None)
     for token in tokens:
-        result = _upgrade_token(token, source, moves, installed, gpus)
+        result = _upgrade_token(token, source, moves, installed, layout)
         changes.extend(result[1])
-        if result[0] is not None:
-            out.append(result[0])
+        out.extend(result[0])
+    followers, notes = _sp_followers(tokens, out, layout)
+    out += followers
+    changes += notes
     added, notes = _mandatory(out, source, installed)
     out += added
-    changes += notes
+    changes += notes + _required_now(out)
     return Upgrade(source, detected, tuple(out), tuple(changes))
 
 
@@ -149,16 +163,16 @@ def _newer(release: str, source: str) -> bool:
     return version(release) > version(source)
 
 
-TokenResult = tuple[OverrideToken | None, list[Change]]
+TokenResult = tuple[tuple[OverrideToken, ...], list[Change]]
 
 
 def _upgrade_token(
-    token: OverrideToken, source: str, moves: list[Move], installed: Mapping[str, object], gpus: int | None
+    token: OverrideToken, source: str, moves: list[Move], installed: Mapping[str, object], layout: Layout
 ) -> TokenResult:
     prefix, key, value = token_key(token.text)
     line = token.source.line
     if not key or "=" in key or key.startswith(("preset", "hardware.")) or "/" in key:
-        return token, []
+        return (token,), []
     steps: list[str] = []
     new = key
     for move in moves:
@@ -167,25 +181,30 @@ def _upgrade_token(
             new = move.new
     if new not in installed and key in installed:
         steps, new = [], key  # moved away and back again (e.g. the profiler options between 0.4 and 0.6)
+    if _legacy(new) and legacy_reward_key(new) in installed:
+        steps.append(_LEGACY_READ)
+        new = legacy_reward_key(new)
     for rule in _REMOVALS:
         result = rule(token, new, value, source, line)
         if result is not None:
             return result
     for old, per_gpu in PER_GPU:
         if new == old and value is not None:
-            return _per_gpu(token, prefix, old, per_gpu, value, gpus, line)
+            return _per_gpu(token, prefix, old, per_gpu, value, layout, line)
     alias = next((a for a in ALIASES if a.old == new and a.fix == "{new}={value}"), None)
     if alias is not None:
         steps.append(f"deprecated in verl 0.9.1: {alias.why}")
         new = alias.new
     if new == key:
-        return token, []
+        return (
+            _appended(token, key, installed, line) if prefix == "+" and key in installed else ((token,), [])
+        )
     if prefix == "+" and new in installed:
         prefix = ""
     rule_text = "; ".join(steps)
     text = f"{prefix}{new}" + (f"={value}" if value is not None else "")
     moved = _retoken(token, text, f"upgraded from {key}: {rule_text}")
-    return moved, [Change("moved", key, rule_text, line, new)]
+    return (moved,), [Change("moved", key, rule_text, line, new)]
 
 
 def _retoken(token: OverrideToken, text: str, reason: str) -> OverrideToken:
@@ -201,7 +220,7 @@ def _removed(
         if entry.value is not None and (value or "").strip("'\"") != entry.value:
             continue
         shown = token.text.lstrip("+~")
-        return None, [
+        return (), [
             Change("removed", key, f"dropped {shown}: removed in verl {entry.release}; {entry.why}", line)
         ]
     return None
@@ -213,67 +232,99 @@ def _vanished(
     """A key of the source release that a later release dropped without a successor we can name."""
     if key not in history(RELEASES[source]) or key in history(TAGS[-1]) or token.text.startswith("+"):
         return None
-    later = [t.lstrip("v") for t in TAGS if key not in history(t) and _newer(t, source)]
+    later = [series_of(t) for t in TAGS if key not in history(t) and _newer(t, source)]
     gone = later[0] if later else INSTALLED_SERIES
+    last = series_of([t for t in TAGS if key in history(t)][-1])
     why = (
-        f"removed in verl {gone}; no key of later releases carries the same name and default, so it is not "
+        f"removed in verl {gone} (the release history has it up to {last}); no key of later releases carries the same name and default, so it is not "
         "guessed: check verl's release notes for its replacement"
     )
-    return None, [Change("removed", key, f"dropped {token.text.lstrip('+~')}: {why}", line)]
+    return (), [Change("removed", key, f"dropped {token.text.lstrip('+~')}: {why}", line)]
+
+
+def _expanded(
+    token: OverrideToken, key: str, value: str | None, source: str, line: int | None
+) -> TokenResult | None:
+    for old, wanted, news, release, why in EXPANDED:
+        if old != key or not _newer(release, source) or (value or "").strip("'\"").lower() != wanted:
+            continue
+        detail = f"{token.text.lstrip('+~')} -> {' '.join(news)}: removed in verl {series_of(release)}; {why}"
+        made = tuple(_retoken(token, new, f"upgraded from {key}: {detail}") for new in news)
+        return made, [Change("converted", key, detail, line, " ".join(k.partition("=")[0] for k in news))]
+    return None
 
 
 _REMOVALS: tuple[Callable[[OverrideToken, str, str | None, str, int | None], TokenResult | None], ...] = (
+    _expanded,
     _removed,
     _vanished,
 )
 
 
 def _per_gpu(
-    token: OverrideToken, prefix: str, old: str, new: str, value: str, gpus: int | None, line: int | None
+    token: OverrideToken, prefix: str, old: str, new: str, value: str, layout: Layout, line: int | None
 ) -> TokenResult:
-    number = _int(value)
-    if number is None or gpus is None:
-        why = (
-            "its value is not a plain integer"
-            if number is None
-            else "the trainer's GPU count is not a plain integer"
-        )
+    number = plain_int(value)
+    ranks, label, how = layout.data_parallel(old)
+    if number is None or ranks is None:
+        why = "its value is not a plain integer" if number is None else how
         detail = (
-            f"{old}={value} is a global micro batch size, and {why}: set {new} yourself (global size / GPUs)"
+            f"{old}={value} is a global micro batch size, and {why}: set {new} yourself "
+            "(global size / data-parallel ranks, = GPUs / Ulysses SP)"
         )
-        return token, [Change("refused", old, detail, line, new)]
-    if number % gpus:
+        return (token,), [Change("refused", old, detail, line, new)]
+    if number % ranks:
         detail = (
-            f"{old}={number} is a global micro batch size that does not split over {gpus} GPUs "
-            f"({number} / {gpus} is not whole): choose {new} yourself"
+            f"{old}={number} is a global micro batch size that does not split over {label} "
+            f"({number} / {ranks} is not whole; {how}): choose {new} yourself"
         )
-        return token, [Change("refused", old, detail, line, new)]
-    per = number // gpus
-    detail = f"global micro batch {number} / {gpus} GPUs = {per} per GPU (global sizes are deprecated in verl 0.9.1)"
+        return (token,), [Change("refused", old, detail, line, new)]
+    per = number // ranks
+    detail = f"global micro batch {number} / {label} = {per} per GPU ({how}; global sizes are deprecated in verl 0.9.1)"
     text = f"{prefix.replace('+', '')}{new}={per}"
-    return _retoken(token, text, f"upgraded from {old}={number}: {detail}"), [
+    return (_retoken(token, text, f"upgraded from {old}={number}: {detail}"),), [
         Change("converted", old, detail, line, new)
     ]
 
 
-def _int(value: str) -> int | None:
-    try:
-        return int(value.strip().strip("'\""))
-    except ValueError:
-        return None
+def _appended(
+    token: OverrideToken, key: str, installed: Mapping[str, object], line: int | None
+) -> TokenResult:
+    """``+key=value`` for a key verl has: Hydra refuses to append it, so the value is applied as a plain override."""
+    text = token.text[1:]
+    detail = (
+        f"'+' dropped: verl 0.9.1 has {key} (default {format_value(installed[key])}), and Hydra refuses to append "
+        "a key that exists; the value is applied as a plain override"
+    )
+    return (_retoken(token, text, f"upgraded from {token.text}: {detail}"),), [
+        Change("converted", key, detail, line)
+    ]
 
 
-def _gpus(tokens: Sequence[OverrideToken], source: str, moves: list[Move]) -> int | None:
-    """The trainer's GPUs (per node × nodes) as the script sets them, else the source release's defaults."""
-    values = {k: history(RELEASES[source]).get(k) for k in GPUS_KEYS}
-    for token in tokens:
-        _, key, value = token_key(token.text)
-        if key in values and value is not None:
-            values[key] = _int(value)
-    per_node, nodes = values["trainer.n_gpus_per_node"], values["trainer.nnodes"]
-    if isinstance(per_node, int) and isinstance(nodes, int) and per_node > 0 and nodes > 0:
-        return per_node * nodes
-    return None
+def _sp_followers(
+    tokens: Sequence[OverrideToken], out: Sequence[OverrideToken], layout: Layout
+) -> tuple[list[OverrideToken], list[Change]]:
+    """The reference model ran with the actor's Ulysses SP (its key interpolated the actor's); once the actor's
+    value moves to its new key, the reference model's is set explicitly so that it does not fall back to 1."""
+    before = {token_key(t.text)[1] for t in tokens}
+    after = {token_key(t.text)[1] for t in out}
+    sp = layout.actor_sp.value
+    if (
+        ACTOR_SP[0] not in before
+        or ACTOR_SP[0] in after
+        or any(k in before for k in REF_SP)
+        or not sp
+        or sp <= 1
+    ):
+        return [], []
+    base = next(t for t in tokens if token_key(t.text)[1] == ACTOR_SP[0])
+    why = (
+        f"the reference model followed the actor's Ulysses SP through {REF_SP[0]} "
+        f"(${{oc.select:{ACTOR_SP[0]},1}}); with the actor's value moved to {ACTOR_SP[1]} it would fall back to 1"
+    )
+    text = f"{REF_SP[1]}={sp}"
+    token = OverrideToken(text, replace(base.source, reason=f"added by upgrade: {why}"))
+    return [token], [Change("added", REF_SP[1], f"set {text}: {why}", base.source.line, REF_SP[1])]
 
 
 def _mandatory(
@@ -299,45 +350,19 @@ def _mandatory(
     return added, changes
 
 
-# Behaviour that changed with no key to compare in the older release: (key, release, old value, why).
-NEW_DEFAULTS: tuple[tuple[str, str, object, str], ...] = (
-    (
-        "trainer.use_v1",
-        "0.9",
-        False,
-        "verl 0.9 runs the V1 trainer by default; the launch ran the legacy trainer",
-    ),
-)
-
-
-def default_changes(
-    tokens: Sequence[OverrideToken],
-    source: str,
-    installed: Mapping[str, object],
-    used: Callable[[str], bool] = lambda key: True,
-) -> list[Change]:
-    """Defaults that changed since ``source`` for keys the launch leaves unset and the run uses: reported,
-    each with the override that keeps the old behaviour (old keys followed to their current name)."""
-    set_keys = {token_key(t.text)[1] for t in tokens}
-    moves = moves_after(source)
-    changes: list[Change] = []
-    olds = dict(history(RELEASES[source]))
-    olds.update({k: v for k, since, v, _ in NEW_DEFAULTS if _newer(since, source) and k not in olds})
-    for key, old in olds.items():
-        current = current_key(key, moves, installed)
-        if current in set_keys or current not in installed or not used(current) or _legacy(current):
+def _required_now(tokens: Sequence[OverrideToken]) -> list[Change]:
+    """Keys verl 0.9.1 requires once a section is switched on, with no old key to take the value from."""
+    values = {token_key(t.text)[1]: token_key(t.text)[2] for t in tokens}
+    out: list[Change] = []
+    for key, switch in REQUIRED_WHEN.items():
+        if key in values or (values.get(switch) or "").strip("'\"").lower() != "true":
             continue
-        new = installed[current]
-        if (
-            _same(old, new)
-            or key.endswith("._target_")
-            or any(r.key == key and r.value == old for r in REMOVED)
-        ):
-            continue
-        why = next((w for k, _, _, w in NEW_DEFAULTS if k == key), "the run behaves differently")
-        detail = f"default {format_value(old)} in verl {source}, {format_value(new)} now: {why}"
-        changes.append(Change("default", current, detail, None, current, f"{current}={override_value(old)}"))
-    return changes
+        detail = (
+            f"{switch}=true: verl 0.9.1 serves the reward model with an inference engine and requires {key}, which "
+            f"no earlier key of the launch says; set {key}={REQUIRED_HINTS.get(key, '...')} yourself"
+        )
+        out.append(Change("refused", key, detail, None, key))
+    return out
 
 
 def current_key(key: str, moves: Sequence[Move], installed: Mapping[str, object] | None = None) -> str:
@@ -357,17 +382,6 @@ def _legacy(key: str) -> bool:
     return key.split(".", 1)[0] in ("reward_model", "custom_reward_function", "sandbox_fusion")
 
 
-def _same(old: object, new: object) -> bool:
-    """True when there is no behaviour change to report (equal, interpolated, mandatory, or a whole node)."""
-    return (
-        old == new
-        or _interpolated(old)
-        or _interpolated(new)
-        or "???" in (old, new)
-        or isinstance(old, dict | list)
-    )
-
-
 def override_value(value: object) -> str:
     """A value as an override writes it: bare when Hydra reads it back as the same string, else quoted."""
     if isinstance(value, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_./-]*", value) and value not in _WORDS:
@@ -376,13 +390,3 @@ def override_value(value: object) -> str:
 
 
 _WORDS = frozenset({"true", "false", "null", "True", "False", "None", "nan", "inf"})
-
-
-def _interpolated(value: object) -> bool:
-    return isinstance(value, str) and "${" in value
-
-
-def installed_defaults() -> dict[str, object]:
-    """The installed verl's defaults, flattened (what an upgraded or fixed launch is composed against)."""
-    view = compose(ComposeRequest()).view
-    return {key: view.get(key) for key in view.keys()}  # noqa: SIM118 (a view, not a dict)

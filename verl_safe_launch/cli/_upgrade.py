@@ -2,47 +2,63 @@
 
 from __future__ import annotations
 
+import argparse
 import shlex
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
 from verl_safe_launch.audit import (
+    ACTOR_SP,
+    CRITIC_SP,
+    GPUS_KEYS,
+    INSTALLED_SERIES,
     RELEASES,
     AuditContext,
     Change,
+    Unread,
     Upgrade,
     command_line,
     default_changes,
-    detect_release,
+    detect,
+    evidence_of,
+    history,
     hydra_literal,
     installed_defaults,
+    lone_group,
     plan_migration,
     plan_upgrade,
+    project_changes,
+    project_keys,
+    read_layout,
     render_yaml,
-    token_key,
 )
 from verl_safe_launch.cli._common import add_format_arg, make_parser, parse, print_json
 from verl_safe_launch.cli._migrate import choose_launch
+from verl_safe_launch.cli._upgrade_advice import verify_advice
 from verl_safe_launch.compose import compose
-from verl_safe_launch.errors import EXIT_OK
+from verl_safe_launch.errors import EXIT_OK, UsageError
 from verl_safe_launch.files import check_target, ensure_directory, write_atomic
 from verl_safe_launch.inputs import OverrideToken, read_yaml
 from verl_safe_launch.provenance import Layer, Source
-from verl_safe_launch.shell import ScriptLaunch, read_script
+from verl_safe_launch.shell import ScriptLaunch, override_key, read_script
 
 EXAMPLES = """\
   verl-safe-launch upgrade run_qwen_grpo_v05.sh -o upgraded/
   verl-safe-launch upgrade old_run.yaml --from 0.7 -o upgraded/ --force
+  verl-safe-launch upgrade run_ppo_sp.sh --gpus 16 -o upgraded/
 
 Writes DIR/NAME.yaml (the launch's values for the installed verl, each citing its original line and the rule that
 moved it) and prints the one command that runs it. Moved keys are mapped, global micro batch sizes become per-GPU
-sizes (the division is shown), removed keys are dropped and reported with what replaces them, and defaults that
+sizes (divided by the data-parallel ranks, GPUs / Ulysses SP, shown; --gpus N where the script's GPU count
+cannot be read, else refused), removed keys are dropped and reported with what replaces them, and defaults that
 changed since the launch's release are listed with the override that keeps the old behaviour. Nothing ambiguous is
-guessed: such overrides are kept as written and reported.
+guessed: such overrides are kept as written and reported, and a release the keys do not pin down is asked for
+(--from). Every "keep the old behaviour" line is applied and checked (composition, check, verl's validate_config)
+before it is shown.
 """
 
-ORDER = ("moved", "converted", "added", "removed", "refused", "unknown", "unresolved", "default")
+ORDER = ("moved", "converted", "added", "removed", "refused", "project", "unknown", "unresolved", "default")
 
 
 def main(args: Sequence[str], offset: int) -> int:
@@ -56,8 +72,14 @@ def main(args: Sequence[str], offset: int) -> int:
         "--from",
         dest="source",
         default="auto",
-        choices=("auto", *[s for s in RELEASES if s != "0.9"]),
+        choices=("auto", *[s for s in RELEASES if s != INSTALLED_SERIES]),
         help="the verl release the launch was written for (default: detected from its keys)",
+    )
+    parser.add_argument(
+        "--gpus",
+        type=_positive,
+        metavar="N",
+        help="the launch's GPU count, where the script's trainer.n_gpus_per_node × nnodes cannot be read",
     )
     parser.add_argument("--launch", type=int, metavar="N", help="which launch of a script (1-based)")
     parser.add_argument("--force", action="store_true", help="overwrite DIR/NAME.yaml if it exists")
@@ -66,40 +88,85 @@ def main(args: Sequence[str], offset: int) -> int:
     path = Path(ns.launch_file)
     launch = _read(path, ns.launch)
     installed = installed_defaults()
-    keys = [token_key(t.text)[1] for t in launch.tokens]
-    source, detected = (
-        (ns.source, f"--from {ns.source}") if ns.source != "auto" else detect_release(keys, installed)
-    )
-    upgrade = plan_upgrade(launch.tokens, source, detected, installed)
+    unreadable = _unreadable(launch)
+    source, detected, fits = _source(ns.source, launch, installed, unreadable)
+    layout = read_layout(launch.tokens, history(RELEASES[source]), unreadable, ns.gpus)
+    upgrade = plan_upgrade(launch.tokens, source, detected, installed, layout)
     output = _output(Path(ns.output), path, ns.force)
     upgraded = replace(launch, tokens=upgrade.tokens)
     composed = compose(upgraded.request(lenient=True))
+    project = project_keys(upgrade.tokens, installed)
     unknown = [
-        Change(
-            "unknown",
-            r.key,
-            f"{r.reason} (not in verl 0.9.1 nor in the release history)",
-            r.token.source.line,
-        )
+        Change("unknown", r.key, f"{r.reason} (a key of verl 0.9.1's history)", r.token.source.line)
         for r in composed.rejected
+        if r.key not in {k for k, _, _ in project}
     ]
+    semantics = [*project_changes(project), *lone_group(composed.view, project)]
     context = AuditContext.build(composed)
     enabled = composed.view.get("reward.reward_model.enable") is True
 
     def used(key: str) -> bool:
         return context.role_used(key) and (enabled or not key.startswith("reward.reward_model."))
 
-    defaults = default_changes(upgrade.tokens, source, installed, used)
+    defaults = verify_advice(upgraded, default_changes(upgrade.tokens, source, installed, used))
     migration = plan_migration(upgraded, composed, output)
     inputs = [path, *launch.config_files]
     write_atomic(output, render_yaml(migration), force=ns.force, inputs=inputs, where="-o/--output")
     notes = [Change("unresolved", "", note) for note in migration.notes]
-    changes = (*upgrade.changes, *unknown, *notes, *defaults)
+    changes = (*upgrade.changes, *semantics, *unknown, *notes, *defaults)
     if ns.format == "json":
-        print_json(_json(path, upgrade, changes, output, command_line(migration)))
+        print_json({**_json(path, upgrade, changes, output, command_line(migration)), "fits": list(fits)})
     else:
         print(_text(path, upgrade, changes, output, command_line(migration)))
     return EXIT_OK
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number of GPUs, got {text!r}")
+    return value
+
+
+def _unreadable(launch: ScriptLaunch) -> dict[str, str]:
+    """Keys the per-GPU conversions need that a part of the launch that was not read could set, and why."""
+    unread = Unread.of(launch)
+    set_keys = {override_key(t.text) for t in launch.tokens}
+    out: dict[str, str] = {}
+    for key in (*GPUS_KEYS, *ACTOR_SP, *CRITIC_SP):
+        part = unread.supplier(key)
+        if part is not None:
+            out[key] = f"line {part.line} ({part.raw}) depends on {part.detail}"
+        elif launch.passthrough is not None and key in GPUS_KEYS and key not in set_keys:
+            out[key] = f'the script passes its own arguments to verl ("$@" on line {launch.passthrough.line})'
+    return out
+
+
+def _source(
+    wanted: str, launch: ScriptLaunch, installed: dict[str, object], unreadable: dict[str, str]
+) -> tuple[str, str, tuple[str, str]]:
+    """The release to upgrade from (--from, or the oldest that fits when the keys pin it down; weak evidence asks
+    for --from), how it was chosen, and the oldest and newest release that fit."""
+    if wanted != "auto":
+        return wanted, f"--from {wanted}", (wanted, wanted)
+    maybe = frozenset(s for p in Unread.of(launch).parts for s in (p.supplies or ()))
+    found = detect(evidence_of([t.text for t in launch.tokens], maybe), installed)
+    if found.weak:
+        older = [s for s in RELEASES if s != INSTALLED_SERIES]
+        raise UsageError(
+            f"cannot tell which verl release {launch.path} was written for: {found.why}",
+            where="--from auto",
+            fix=f"pass the release it was written for: --from {{{','.join(older)}}}",
+        )
+    oldest = (
+        ""
+        if found.oldest == found.newest
+        else "; upgraded from the oldest, so that no change since is missed"
+    )
+    return found.series, f"detected: {found.why}{oldest}", (found.oldest, found.newest)
 
 
 def _read(path: Path, wanted: int | None) -> ScriptLaunch:
