@@ -17,7 +17,7 @@ from verl_safe_launch.compose import Composed
 from verl_safe_launch.errors import EXIT_LAUNCH, EXIT_OK, EXIT_PREFLIGHT, UsageError, VslError
 from verl_safe_launch.findings import Finding
 from verl_safe_launch.launch import LaunchBlocked, LaunchPlan, plan_launch, render_plan, rundir
-from verl_safe_launch.preflight import Preflight, run_preflight
+from verl_safe_launch.preflight import Preflight, launch_preflight
 from verl_safe_launch.render import json_document, json_text, render_findings_text
 
 EXAMPLES = """\
@@ -86,7 +86,7 @@ def main(args: Sequence[str], offset: int) -> int:
 
 def _run(ns: argparse.Namespace, args: Sequence[str], offset: int, out: Outcome) -> int:
     composed = compose_from_args(ns, args, offset)
-    pre = run_preflight(composed)
+    pre = launch_preflight(composed, "run")
     out.findings = list(pre.findings)
     out.say(render_findings_text(pre.findings).rstrip("\n"))
     forced: list[str] = []

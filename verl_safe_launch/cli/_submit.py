@@ -33,7 +33,7 @@ from verl_safe_launch.launch import (
     slurm,
     wait,
 )
-from verl_safe_launch.preflight import Preflight, run_preflight
+from verl_safe_launch.preflight import Preflight, launch_preflight
 from verl_safe_launch.render import render_findings_text
 
 EXAMPLES = """\
@@ -63,7 +63,7 @@ def main(args: Sequence[str], offset: int) -> int:
     add_compose_args(parser)
     ns = parse(parser, args)
     composed = compose_from_args(ns, args, offset)
-    pre = run_preflight(composed)
+    pre = launch_preflight(composed, "submit")
     print(render_findings_text(pre.findings).rstrip("\n"))
     if not pre.ok and not ns.force:
         print("Nothing was submitted: fix the errors above, or pass --force.")

@@ -9,7 +9,15 @@ from typing import Any
 from verl_safe_launch.errors import UsageError
 from verl_safe_launch.provenance import Layer, Source
 
-HARDWARE_KEYS = ("nodes", "gpus_per_node", "gpu_memory_gb", "gpu_name", "flash_attn", "host_memory_gb")
+HARDWARE_KEYS = (
+    "nodes",
+    "gpus_per_node",
+    "gpu_memory_gb",
+    "gpu_name",
+    "flash_attn",
+    "host_memory_gb",
+    "cpus_per_node",
+)
 
 
 @dataclass(frozen=True)

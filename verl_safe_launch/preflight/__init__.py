@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from verl_safe_launch.preflight.pipeline import Preflight, rule_context, run_preflight
+from verl_safe_launch.preflight.pipeline import Preflight, launch_preflight, rule_context, run_preflight
 
-__all__ = ["Preflight", "rule_context", "run_preflight"]
+__all__ = ["Preflight", "launch_preflight", "rule_context", "run_preflight"]

@@ -61,6 +61,12 @@ def run_preflight(composed: Composed, hardware: HardwareFacts | HardwareProfile 
     return Preflight(composed, tuple(findings), ctx)
 
 
+def launch_preflight(composed: Composed, verb: str, profile: HardwareProfile | None = None) -> Preflight:
+    """The pre-flight of a verb that starts (or joins) Ray itself, with its own CPU count: ``run``, ``submit``..."""
+    hardware = replace(profile or detect_hardware(composed.tool), ray_by=f"verl-safe-launch {verb}")
+    return run_preflight(composed, hardware)
+
+
 def with_fitted_maximum(findings: list[Finding], ctx: RuleContext) -> list[Finding]:
     """An unset micro batch's fix gives a safe start; add the memory fit's maximum (what ``--fit`` would set)."""
     unset = [f for f in findings if f.rule_id.endswith("-micro-keys") and f.fix and f.keys]
