@@ -14,7 +14,14 @@ from verl_safe_launch.audit.history import (
     moves_json,
     version,
 )
-from verl_safe_launch.audit.migrate import Migration, command_line, hydra_literal, plan_migration, render_yaml
+from verl_safe_launch.audit.migrate import (
+    Migration,
+    check_command,
+    command_line,
+    hydra_literal,
+    plan_migration,
+    render_yaml,
+)
 from verl_safe_launch.audit.run import AUDIT_RULES, audit, script_findings
 from verl_safe_launch.audit.table import AuditContext
 from verl_safe_launch.audit.upgrade import (
@@ -48,6 +55,7 @@ __all__ = [
     "Move",
     "Upgrade",
     "audit",
+    "check_command",
     "command_line",
     "covered",
     "current_key",
