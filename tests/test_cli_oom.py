@@ -164,3 +164,13 @@ def test_run_directory_config_is_used_when_no_config_is_given(
     assert data["knob_value"] == 40 and data["notes"][0].startswith(f"config: {tmp_path / 'config.yaml'}")
     bare = json.loads(cli("oom", str(LOGS / "legacy_update_actor.log"), "--format", "json").out)
     assert bare["notes"][0].startswith("no config given (-c FILE with the run's config)")
+
+
+def test_a_model_outside_the_table_is_named_not_asked_for(cli: Callable[..., CliResult]) -> None:
+    model = "some-org/not-a-bundled-model"
+    r = cli(
+        "oom", str(LOGS / "v1_compute_log_prob.log"), "-c", EXAMPLE, f"actor_rollout_ref.model.path={model}"
+    )
+    assert r.code == 0, r.err
+    assert f"no architecture for actor_rollout_ref.model.path={model}: no config.json there" in r.out
+    assert "pass -c" not in r.out

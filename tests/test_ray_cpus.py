@@ -179,3 +179,24 @@ def test_verls_entry_point_with_the_callback_stops_before_a_ray_that_would_hang(
     assert "VERL_VALIDATED" not in stopped.stdout
     fixed = run(f"ray_kwargs.ray_init.num_cpus={need}")
     assert "layout-ray-cpus" not in fixed.stderr, fixed.stderr[-3000:]
+
+
+@pytest.mark.parametrize(
+    ("hardware", "said"),
+    [
+        (HardwareFacts(gpus_per_node=8), "skipped: hardware.nodes is unknown (declare hardware.nodes)"),
+        (
+            HardwareFacts(nodes=2),
+            "skipped: hardware.gpus_per_node is unknown (declare hardware.gpus_per_node)",
+        ),
+        (
+            HardwareFacts(),
+            "skipped: hardware.nodes and hardware.gpus_per_node are unknown (declare hardware.nodes and "
+            "hardware.gpus_per_node)",
+        ),
+    ],
+)
+def test_the_gpu_check_names_exactly_what_is_unknown(hardware: HardwareFacts, said: str) -> None:
+    view = recompose([]).view
+    found = run_rules(RuleContext(view, None, None, hardware))
+    assert [f.message for f in found if f.rule_id == "layout-gpus-available"] == [said]

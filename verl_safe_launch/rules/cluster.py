@@ -111,8 +111,12 @@ def gpus_available(ctx: RuleContext) -> list[Draft]:
     """ResourcePoolManager: ``Total available GPUs X is less than total desired GPUs Y``."""
     view, hw = ctx.view, ctx.hardware
     keys = (GPUS_PER_NODE, NNODES)
-    if hw.nodes is None or hw.gpus_per_node is None:
-        return [skipped(keys, "the hardware is unknown (give hardware.nodes and hardware.gpus_per_node)")]
+    missing = [
+        name for name, value in (("nodes", hw.nodes), ("gpus_per_node", hw.gpus_per_node)) if value is None
+    ]
+    if missing:
+        what = " and ".join(f"hardware.{name}" for name in missing)
+        return [skipped(keys, f"{what} {'is' if len(missing) == 1 else 'are'} unknown (declare {what})")]
     have, need = hw.nodes * hw.gpus_per_node, gpu_need(view).total
     if need is None or need <= have:
         return []
