@@ -111,10 +111,8 @@ def gpus_available(ctx: RuleContext) -> list[Draft]:
     """ResourcePoolManager: ``Total available GPUs X is less than total desired GPUs Y``."""
     view, hw = ctx.view, ctx.hardware
     keys = (GPUS_PER_NODE, NNODES)
-    missing = [
-        name for name, value in (("nodes", hw.nodes), ("gpus_per_node", hw.gpus_per_node)) if value is None
-    ]
-    if missing:
+    if hw.nodes is None or hw.gpus_per_node is None:
+        missing = [name for name in ("nodes", "gpus_per_node") if getattr(hw, name) is None]
         what = " and ".join(f"hardware.{name}" for name in missing)
         return [skipped(keys, f"{what} {'is' if len(missing) == 1 else 'are'} unknown (declare {what})")]
     have, need = hw.nodes * hw.gpus_per_node, gpu_need(view).total
