@@ -119,8 +119,20 @@ def _run(ns: argparse.Namespace, args: Sequence[str], offset: int, out: Outcome)
             return out.finish("no-gpu", EXIT_OK)
         forced.append("no GPU on this machine")
         _record_forced(run_dir, pre, forced)
+    if plan.address is None:
+        _check_model(cfg, plan)
     out.say("launching:\n" + render_plan(plan))
     return _launch(cfg, plan, pre, forced, ns.force, out)
+
+
+def _check_model(cfg: Any, plan: LaunchPlan) -> None:
+    """A local Ray loads the model on this machine: stop before Ray starts if it cannot be loaded here."""
+    from verl_safe_launch.launch import model_access_error
+
+    path = cfg.actor_rollout_ref.model.get("path")
+    error = model_access_error(str(path), os.environ, plan.run_dir) if path else None
+    if error is not None:
+        raise error
 
 
 def resolved_config(composed: Composed) -> Any:

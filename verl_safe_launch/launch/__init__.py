@@ -28,6 +28,7 @@ from verl_safe_launch.launch.jobs import (
     wait,
 )
 from verl_safe_launch.launch.kuberay import KubeRaySpec, check_name, parse_selector, parse_toleration
+from verl_safe_launch.launch.model_access import describe_exception, model_access_error
 from verl_safe_launch.launch.nodes import (
     NodeInfo,
     NodeNeed,
@@ -153,6 +154,7 @@ __all__ = [
     "cluster_nodes",
     "config_digest",
     "count_arg",
+    "describe_exception",
     "diagnose",
     "diagnosis_json",
     "entrypoint",
@@ -173,6 +175,7 @@ __all__ = [
     "local_num_cpus",
     "mem_arg",
     "missing_error",
+    "model_access_error",
     "node_findings",
     "node_need",
     "nodes_from_ray",
