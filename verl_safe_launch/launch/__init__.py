@@ -25,6 +25,7 @@ from verl_safe_launch.launch.jobs import (
     job_address,
     job_runtime_env,
     status_name,
+    token_fix,
     wait,
 )
 from verl_safe_launch.launch.kuberay import KubeRaySpec, check_name, parse_selector, parse_toleration
@@ -203,6 +204,7 @@ __all__ = [
     "seconds_arg",
     "status_name",
     "time_arg",
+    "token_fix",
     "validate_with_verl",
     "wait",
     "wait_for_nodes",
