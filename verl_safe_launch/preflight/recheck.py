@@ -52,10 +52,41 @@ def _checked(
             continue
         if all(ctx.view.get(key) == value for key, value in changes.items()):
             continue  # the value already set
-        after = check(replace(ctx, view=with_values(ctx.view, changes)))
-        if not _worse(after, finding, before):
-            kept.append(alternative)
+        joined = _joined(alternative, changes, finding, ctx, before, check)
+        if joined is not None:
+            kept.append(joined)
     return "; or ".join(kept) or None
+
+
+def _joined(
+    alternative: str,
+    changes: dict[str, Any],
+    finding: Finding,
+    ctx: RuleContext,
+    before: set[tuple[str, tuple[str, ...]]],
+    check: Check,
+) -> str | None:
+    """The alternative if it passes the re-check; else it joined with the first fixes of the problems it raises,
+    if that passes; else None."""
+    changed = replace(ctx, view=with_values(ctx.view, changes))
+    after = check(changed)
+    if not _worse(after, finding, before):
+        return alternative
+    extra: dict[str, Any] = {}
+    tokens: list[str] = []
+    for found in after:
+        if found.severity is Severity.ERROR and (found.rule_id, found.keys) not in before and found.fix:
+            first = found.fix.split("; or ")[0]
+            more = fix_changes(first, changed)
+            if more and not set(more) & (set(changes) | set(extra)):
+                extra.update(more)
+                tokens.append(first.split(" (")[0].split(";")[0].strip())
+    if not extra or _worse(
+        check(replace(ctx, view=with_values(ctx.view, {**changes, **extra}))), finding, before
+    ):
+        return None
+    head = alternative.split(" (")[0].split(";")[0].strip()
+    return " ".join([head, *tokens]) + alternative[len(head) :]
 
 
 def fix_changes(alternative: str, ctx: RuleContext) -> dict[str, Any] | None:
