@@ -2,6 +2,7 @@
 
 Enable it on any ``python -m verl.trainer.main_ppo`` command line with
 ``+hydra.callbacks.vsl._target_=hydra_plugins.verl_safe_launch.callback.PreflightCallback``.
+``--cfg job`` prints the config and exits before Hydra starts the job, so the callback does not run there.
 """
 
 from __future__ import annotations
