@@ -201,3 +201,13 @@ def test_many_oom_lines_are_counted_up_to_a_limit(tmp_path: Path) -> None:
     log = tmp_path / "many.log"
     log.write_text((message + "\n") * (MAX_EVENTS + 50))
     assert len(find_ooms(log)) == MAX_EVENTS
+
+
+def test_a_model_outside_the_table_is_named_not_asked_for(cli: Callable[..., CliResult]) -> None:
+    model = "some-org/not-a-bundled-model"
+    r = cli(
+        "oom", str(LOGS / "v1_compute_log_prob.log"), "-c", EXAMPLE, f"actor_rollout_ref.model.path={model}"
+    )
+    assert r.code == 0, r.err
+    assert f"no architecture for actor_rollout_ref.model.path={model}: no config.json there" in r.out
+    assert "pass -c" not in r.out

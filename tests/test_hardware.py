@@ -212,12 +212,16 @@ def _mismatch(*overrides: str, env: dict[str, str]) -> list[Finding]:
 def test_more_gpus_than_the_allocation_is_an_error() -> None:
     env = {"SLURM_GPUS_ON_NODE": "6", "SLURM_JOB_NUM_NODES": "1"}
     (finding,) = _mismatch("trainer.n_gpus_per_node=8", env=env)
-    assert render_finding(finding) == (
-        "error [hardware-mismatch] trainer.n_gpus_per_node=8 asks for more GPUs per node than the hardware has (6)\n"
-        "  trainer.n_gpus_per_node = 8      from command line, argument 1 (trainer.n_gpus_per_node=8)\n"
-        "  hardware.gpus_per_node  = 6      from hardware: Slurm allocation, SLURM_GPUS_ON_NODE=6\n"
-        "  fix: trainer.n_gpus_per_node=6 (or leave it unset: verl-safe-launch fills it from the hardware)"
-    )
+    assert (
+        render_finding(finding)
+        == (
+            "error [hardware-mismatch] trainer.n_gpus_per_node=8 asks for more GPUs per node than the hardware has (6)\n"
+            "  trainer.n_gpus_per_node = 8      from command line, argument 1 (trainer.n_gpus_per_node=8)\n"
+            "  hardware.gpus_per_node  = 6      from hardware: Slurm allocation, SLURM_GPUS_ON_NODE=6\n"
+            "  fix: trainer.n_gpus_per_node=6 data.train_batch_size=1026 actor_rollout_ref.actor.ppo_mini_batch_size=258 "
+            "critic.ppo_mini_batch_size=258 (or leave it unset: verl-safe-launch fills it from the hardware)"
+        )
+    )  # 6 GPUs alone would break verl's defaults (1024 sequences over 6 GPUs): the fix is re-checked as a whole
 
 
 def test_more_nodes_than_the_allocation_is_an_error() -> None:

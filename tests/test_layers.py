@@ -11,7 +11,16 @@ PACKAGE = Path(__file__).resolve().parent.parent / "verl_safe_launch"
 
 # Stages in data-flow order (DESIGN.md): a module may import from its stage or any stage before it.
 STAGES: list[tuple[str, ...]] = [
-    ("errors", "files", "provenance", "findings", "config_view", "context", "data"),  # shared leaves
+    (
+        "errors",
+        "environment",
+        "files",
+        "provenance",
+        "findings",
+        "config_view",
+        "context",
+        "data",
+    ),  # shared leaves
     ("inputs",),
     ("shell",),
     ("compose",),

@@ -83,3 +83,44 @@ def test_nodes_from_ray_reads_ray_nodes_entries() -> None:
         64,
         "H100",
     )
+
+
+def _short_fix(nodes: list[NodeInfo], need: NodeNeed) -> str:
+    [short] = [f for f in node_findings(nodes, need, "test cluster") if f.rule_id == "cluster-node-short"]
+    return short.fix or ""
+
+
+def _applied(need: NodeNeed, fix: str) -> NodeNeed:
+    key, _, value = fix.partition("=")
+    if key == "trainer.nnodes":
+        return NodeNeed(int(value), need.gpus_per_node, need.cpus_per_node, need.extra_cpus)
+    assert key == "trainer.n_gpus_per_node", fix
+    return NodeNeed(need.nodes, int(value), 3 * int(value), need.extra_cpus)
+
+
+@pytest.mark.parametrize(
+    ("nodes", "need"),
+    [
+        ([node("a", 2, 2)], NodeNeed(1, 2, 6, 10)),  # the CPUs are short, not the GPUs
+        ([node("a", 8, 40), node("b", 8, 16)], NEED),
+        ([node("a", 4, 40), node("b", 4, 40)], NEED),
+        ([node("a", 8, 64)], NodeNeed(2, 8, 24, 10)),
+    ],
+)
+def test_the_short_node_fix_never_repeats_the_value_and_passes_the_re_check(
+    nodes: list[NodeInfo], need: NodeNeed
+) -> None:
+    fix = _short_fix(nodes, need)
+    assert fix not in (f"trainer.n_gpus_per_node={need.gpus_per_node}", f"trainer.nnodes={need.nodes}")
+    if "=" in fix.split()[0] and fix.startswith("trainer."):
+        blocking = [f for f in node_findings(nodes, _applied(need, fix), "t") if f.severity is Severity.ERROR]
+        assert blocking == [], fix
+    else:
+        assert "--num-cpus=" in fix or "add GPU nodes" in fix
+
+
+def test_a_node_short_of_cpus_only_is_told_to_start_ray_with_more() -> None:
+    assert _short_fix([node("a", 2, 2)], NodeNeed(1, 2, 6, 10)) == (
+        "start the nodes' Ray with more logical CPUs: each at least 6, one at least 16 (ray start --num-cpus=16; "
+        "oversubscribing is fine)"
+    )

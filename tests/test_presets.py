@@ -388,6 +388,7 @@ def test_presets_verb_shows_values_adapted_to_declared_hardware(cli) -> None:  #
     assert result.code == 0, result.err
     lines = result.out.splitlines()
     assert lines[0].startswith("preset auto (auto chose small) adapted to: hardware.gpus_per_node=2")
+    assert lines[1] == f"  sized for: {ARR}.model.path=Qwen/Qwen2.5-7B-Instruct (7.6B parameters)"
     strategy = next(
         i for i, line in enumerate(lines) if line.split("=")[0].strip() == f"{ARR}.actor.strategy"
     )
@@ -395,3 +396,12 @@ def test_presets_verb_shows_values_adapted_to_declared_hardware(cli) -> None:  #
     assert lines[strategy + 1].strip().startswith("adapted: preset small: FSDP2's CPU offload policy")
     plain: CliResult = cli("presets", "auto", "hardware.gpus_per_node=2")
     assert plain.code == 0 and "  trainer.n_gpus_per_node" in plain.out
+
+
+def test_presets_verb_names_verls_placeholder_model_it_sized_for(cli) -> None:  # type: ignore[no-untyped-def]
+    result: CliResult = cli("presets", "medium", "hardware.gpus_per_node=8", "hardware.gpu_memory_gb=24")
+    assert result.code == 0, result.err
+    assert result.out.splitlines()[1] == (
+        f"  sized for: {ARR}.model.path=~/models/deepseek-llm-7b-chat (6.9B parameters), verl's placeholder "
+        f"default: pass {ARR}.model.path=... for your model"
+    )

@@ -626,7 +626,8 @@ CASES = [
         ["ray_kwargs.ray_init.num_cpus=null"],
         (
             "skipped: ray_kwargs.ray_init.num_cpus is null, so Ray counts the machine's CPUs; the V1 "
-            "trainer needs 34 (GPU bundles 24 + TransferQueue 9 + scheduling 1)"
+            "trainer needs 34 (GPU bundles 24 + TransferQueue 9 + scheduling 1); declare "
+            "hardware.cpus_per_node to check it"
         ),
         None,
     ),

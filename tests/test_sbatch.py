@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import shlex
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -314,3 +317,41 @@ def test_host_memory_is_judged_against_the_jobs_own_mem(
     roomy = path.read_text().replace("#SBATCH --mem=8G", "#SBATCH --mem=2T")
     path.write_text(roomy)
     assert "host-memory-out-of-memory" not in cli("audit", str(path), "--", "hardware.gpu_memory_gb=80").out
+
+
+def _run_printed(command: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """A printed command line run by bash with the installed console script first on PATH."""
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    env["VSL_HARDWARE_DETECT"] = "0"
+    return subprocess.run(
+        ["bash", "-c", command], cwd=cwd, env=env, capture_output=True, text=True, timeout=300, check=False
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("edits", "code"),
+    [
+        ({}, 0),
+        ({"ppo_micro_batch_size_per_gpu=4": "ppo_micro_batch_size_per_gpu=5"}, 1),
+    ],
+)
+def test_the_commands_migrate_prints_for_a_job_run(
+    cli: Callable[..., CliResult], tmp_path: Path, edits: dict[str, str], code: int
+) -> None:
+    text = (SBATCH / "single_node.sbatch").read_text()
+    for old, new in edits.items():
+        text = text.replace(old, new)
+    (tmp_path / "job.sbatch").write_text(text)
+    result = cli("migrate", str(tmp_path / "job.sbatch"), "-o", str(tmp_path / "job.yaml"))
+    assert result.code == 0, result.err
+    if code:
+        [check] = [line.split("see them with: ")[1] for line in result.err.splitlines() if "see them" in line]
+        checked = _run_printed(check, tmp_path)
+        assert checked.returncode == 1, checked.stdout + checked.stderr
+        assert "error [" in checked.stdout
+        summary = result.err.split("pre-flight of the migrated config: ")[1].split(";")[0]
+        assert summary in checked.stdout, "the note's verdict is the printed check's"
+    written = _run_printed(result.out.strip(), tmp_path)
+    assert written.returncode == code, written.stdout + written.stderr
+    assert (tmp_path / "job.job.sbatch").is_file() == (code == 0)

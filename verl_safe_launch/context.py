@@ -94,6 +94,15 @@ class HardwareFacts:
     """Where the host memory figure came from (``hardware.host_memory_gb``, a job script's ``--mem`` line...)."""
     on_this_machine: bool = False
     """The GPUs were detected here (nvidia-smi, a Slurm allocation), so the run happens on this machine."""
+    cpus_per_node: int | None = None
+    """The logical CPUs a Ray started on a node counts (declared, or counted on this machine as Ray does)."""
+    cpus_from: str | None = None
+    cpus_certain: bool = False
+    """The CPU count is the run's own: declared, or counted where verl itself runs (not a login node)."""
+    ray_joins: str | None = None
+    """Why ``ray.init()`` would join a running Ray rather than start one here (None: it starts one)."""
+    ray_by: str | None = None
+    """The verl-safe-launch verb that starts or joins Ray itself, with its own CPU count (None: verl does)."""
 
 
 @dataclass(frozen=True)

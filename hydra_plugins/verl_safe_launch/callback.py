@@ -2,6 +2,7 @@
 
 Enable it on any ``python -m verl.trainer.main_ppo`` command line with
 ``+hydra.callbacks.vsl._target_=hydra_plugins.verl_safe_launch.callback.PreflightCallback``.
+``--cfg job`` prints the config and exits before Hydra starts the job, so the callback does not run there.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ ENABLE_OVERRIDE = "+hydra.callbacks.vsl._target_=hydra_plugins.verl_safe_launch.
 HEADER = "verl-safe-launch pre-flight (inside verl's entry point; presets are not adapted here)\n"
 
 
-HARDWARE_FIELDS = ("nodes", "gpus_per_node", "gpu_memory_gb", "gpu_name")
+HARDWARE_FIELDS = ("nodes", "gpus_per_node", "gpu_memory_gb", "gpu_name", "cpus_per_node")
 
 
 class PreflightCallback(Callback):
@@ -116,7 +117,7 @@ def preflight_report(
     from verl_safe_launch.compose import compose
     from verl_safe_launch.config_view import ConfigView
     from verl_safe_launch.errors import EXIT_PREFLIGHT, VslError
-    from verl_safe_launch.inputs import ComposeRequest, OverrideToken
+    from verl_safe_launch.inputs import ComposeRequest, OverrideToken, detect_hardware
     from verl_safe_launch.preflight import run_preflight
     from verl_safe_launch.provenance import Layer, Source
     from verl_safe_launch.render import render_error, render_findings_text
@@ -135,7 +136,8 @@ def preflight_report(
         return exc.exit_code, HEADER + render_error(exc) + "\n"
     if values is not None:
         composed = replace(composed, view=ConfigView(dict(values), composed.view.provenance))
-    preflight = run_preflight(composed)
+    profile = replace(detect_hardware(composed.tool), in_entry_point=True)
+    preflight = run_preflight(composed, profile)
     code = 0 if preflight.ok else EXIT_PREFLIGHT
     return code, HEADER + render_findings_text(preflight.findings)
 

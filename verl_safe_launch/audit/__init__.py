@@ -19,7 +19,14 @@ from verl_safe_launch.audit.history import (
     moves_json,
     version,
 )
-from verl_safe_launch.audit.migrate import Migration, command_line, hydra_literal, plan_migration, render_yaml
+from verl_safe_launch.audit.migrate import (
+    Migration,
+    check_command,
+    command_line,
+    hydra_literal,
+    plan_migration,
+    render_yaml,
+)
 from verl_safe_launch.audit.parallel import ACTOR_SP, CRITIC_SP, GPUS_KEYS, REF_SP, Layout, read_layout
 from verl_safe_launch.audit.project import (
     GROUP_ESTIMATORS,
@@ -72,6 +79,7 @@ __all__ = [
     "Upgrade",
     "across_worlds",
     "audit",
+    "check_command",
     "command_line",
     "covered",
     "current_key",

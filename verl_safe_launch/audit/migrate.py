@@ -38,6 +38,8 @@ class Migration:
     cli_tokens: tuple[str, ...]
     notes: tuple[str, ...]
     command: str | None = None
+    check_tokens: tuple[str, ...] = ()
+    """What ``check`` adds to reproduce the launch's pre-flight (a job's allocation: its GPU counts)."""
 
 
 ENV_VARS = "ray_kwargs.ray_init.runtime_env.env_vars"
@@ -172,6 +174,15 @@ def command_line(migration: Migration) -> str:
     for path in (*migration.config_files, migration.output):
         words += ["-c", str(path)]
     words += migration.cli_tokens
+    return " ".join(shlex.quote(w) for w in words)
+
+
+def check_command(migration: Migration) -> str:
+    """The ``verl-safe-launch check`` command that shows the pre-flight of what was migrated."""
+    words = ["verl-safe-launch", "check"]
+    for path in (*migration.config_files, migration.output):
+        words += ["-c", str(path)]
+    words += [*migration.cli_tokens, *migration.check_tokens]
     return " ".join(shlex.quote(w) for w in words)
 
 

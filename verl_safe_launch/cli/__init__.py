@@ -10,6 +10,7 @@ import sys
 import traceback
 from collections.abc import Sequence
 
+from verl_safe_launch.environment import missing_dependency
 from verl_safe_launch.errors import (
     EXIT_INTERNAL,
     EXIT_INTERRUPTED,
@@ -81,6 +82,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         _silence_stdout()
         return EXIT_OK
     except Exception as exc:
+        module = exc.name.split(".")[0] if isinstance(exc, ModuleNotFoundError) and exc.name else None
+        if module is not None and module != "verl_safe_launch":
+            error = missing_dependency([module])
+            return _report(error.render(), error.exit_code)
         what = f"{type(exc).__name__}: {exc}".splitlines()[0] if str(exc) else type(exc).__name__
         return _report(
             f"internal error: {what} (a bug in verl-safe-launch; VSL_FULL_ERROR=1 for the traceback)",

@@ -20,7 +20,7 @@ from verl_safe_launch.memory import (
     fit_knobs,
     memory_findings,
 )
-from verl_safe_launch.preflight import rule_context
+from verl_safe_launch.preflight import rechecked, rule_context
 from verl_safe_launch.presets import compose_for_launch
 from verl_safe_launch.render import Column, findings_json, json_document, render_finding, render_table
 
@@ -139,7 +139,7 @@ def render(ctx: RuleContext, est: MemoryEstimate, fits: Sequence[KnobFit], fit: 
     lines += ["", "assumptions:", *(f"  - {a}" for a in est.assumptions)]
     if est.host is not None:
         lines += [f"  - {a}" for a in est.host.assumptions]
-    findings = memory_findings(ctx, est)
+    findings = rechecked(memory_findings(ctx, est), ctx)
     if findings:
         lines += ["", *(render_finding(f) for f in findings)]
     if fit:
@@ -209,7 +209,7 @@ def to_json(ctx: RuleContext, est: MemoryEstimate, fits: Sequence[KnobFit]) -> d
             "total_gib": round(est.host.total, 3),
             "host_memory_gib": est.host.host_memory_gib,
         },
-        "findings": findings_json(memory_findings(ctx, est)),
+        "findings": findings_json(rechecked(memory_findings(ctx, est), ctx)),
         "fit": [
             {
                 "key": f.key,

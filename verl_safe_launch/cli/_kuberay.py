@@ -24,7 +24,7 @@ from verl_safe_launch.launch import (
     slurm,
 )
 from verl_safe_launch.memory import estimate_memory
-from verl_safe_launch.preflight import run_preflight
+from verl_safe_launch.preflight import launch_preflight
 from verl_safe_launch.render import escape, render_findings_text
 
 EXAMPLES = """\
@@ -75,7 +75,7 @@ def main(args: Sequence[str], offset: int) -> int:
     check_reference(ns.namespace, "--namespace")
     check_reference(ns.service_account, "--service-account")
     composed, profile = compose_for_allocation(ns, args, offset)
-    pre = run_preflight(composed, profile)
+    pre = launch_preflight(composed, "kuberay", profile)
     print(render_findings_text(pre.findings).rstrip("\n"))
     if not pre.ok:
         print("Nothing was written: fix the errors above.")

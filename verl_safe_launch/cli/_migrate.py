@@ -12,6 +12,7 @@ from verl_safe_launch.audit import (
     INSTALLED_SERIES,
     Change,
     Migration,
+    check_command,
     command_line,
     installed_defaults,
     plan_migration,
@@ -128,25 +129,30 @@ def _as_job(migration: Migration, job: JobScript, view: ConfigView, output: Path
     script = output.with_name(f"{output.stem}.job.sbatch")
     configs = (*(str(p) for p in migration.config_files), str(output))
     command = plan.command(configs, tokens, str(script))
+    allocation = [(key, name, fills[key].value) for key, name, _ in GPU_KEYS if fills[key] is not None]
+    check = [f"{key}={value}" for key, _, value in allocation] + [
+        f"hardware.{n}={v}" for _, n, v in allocation
+    ]
     return replace(
         migration,
         entries=entries,
         cli_tokens=tokens,
         notes=(*migration.notes, *notes, *plan.notes),
         command=command,
+        check_tokens=tuple(check),
     )
 
 
 def preflight_note(migration: Migration, output: Path) -> str:
     """The pre-flight of what was written (the YAML plus the printed command), as one line."""
-    verl_tokens, tool = split_tool_tokens(cli_tokens(list(migration.cli_tokens)))
+    verl_tokens, tool = split_tool_tokens(cli_tokens([*migration.cli_tokens, *migration.check_tokens]))
     request = ComposeRequest(
         overrides=(*verl_tokens,), config_files=(*migration.config_files, output), lenient=True
     )
     pre = run_preflight(compose(request), detect_hardware(tool, env={DETECT_ENV: "0"}))
     line = f"pre-flight of the migrated config: {summary_line(pre.findings)}"
     if has_errors(pre.findings):
-        line += f"; see them with: {command_line(migration).replace('verl-safe-launch', 'verl-safe-launch check', 1)}"
+        line += f"; see them with: {check_command(migration)}"
     return line
 
 

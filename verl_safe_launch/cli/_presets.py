@@ -7,9 +7,15 @@ from typing import Any
 
 from verl_safe_launch.cli._common import add_format_arg, make_parser, parse, print_json
 from verl_safe_launch.compose import available_presets
-from verl_safe_launch.config_view import format_value
+from verl_safe_launch.config_view import ConfigView, format_value
 from verl_safe_launch.errors import UsageError
-from verl_safe_launch.inputs import ComposeRequest, ToolSettings, cli_tokens, detect_hardware
+from verl_safe_launch.inputs import (
+    ComposeRequest,
+    ToolSettings,
+    cli_tokens,
+    detect_hardware,
+    load_architecture,
+)
 from verl_safe_launch.presets import AUTO, PRESETS, PresetInfo, choose_auto, compose_for_launch, preset_values
 from verl_safe_launch.provenance import Layer
 from verl_safe_launch.render import Column, escape, json_document, render_table
@@ -82,16 +88,35 @@ def _show_adapted(name: str, overrides: list[str], positions: list[int], fmt: st
             "preset": chosen,
             "values": {key: value for key, value, _ in rows},
             "adapted": {key: reason for key, _, reason in rows if reason},
+            "sized_for": sized_for(view),
         }
         print_json(data)
         return
     auto = f" (auto chose {chosen})" if name == AUTO else ""
     print(f"preset {name}{auto} adapted to: {' '.join(overrides)}")
+    print(f"  sized for: {sized_for(view)}")
     width = max((len(key) for key, _, _ in rows), default=0)
     for key, value, reason in rows:
         print(f"  {key:<{width}} = {escape(format_value(value))}")
         if reason:
             print(f"  {'':<{width}}   adapted: {escape(reason)}")
+
+
+MODEL_KEY = "actor_rollout_ref.model.path"
+
+
+def sized_for(view: ConfigView) -> str:
+    """The model the adaptation sized for: its path, size and where the path came from."""
+    path, prov = view.get(MODEL_KEY), view.prov(MODEL_KEY)
+    arch = load_architecture(path if isinstance(path, str) else None)
+    size = (
+        f"{arch.params / 1e9:.1f}B parameters"
+        if arch
+        else "no architecture known: sizes are not adapted to it"
+    )
+    if prov is not None and prov.source.layer is Layer.VERL:
+        return f"{MODEL_KEY}={path} ({size}), verl's placeholder default: pass {MODEL_KEY}=... for your model"
+    return f"{MODEL_KEY}={path} ({size})"
 
 
 def _info(name: str) -> PresetInfo:

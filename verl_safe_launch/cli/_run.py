@@ -18,7 +18,7 @@ from verl_safe_launch.errors import EXIT_LAUNCH, EXIT_OK, EXIT_PREFLIGHT, UsageE
 from verl_safe_launch.files import check_text_name
 from verl_safe_launch.findings import Finding
 from verl_safe_launch.launch import LaunchBlocked, LaunchPlan, plan_launch, render_plan, rundir
-from verl_safe_launch.preflight import Preflight, run_preflight
+from verl_safe_launch.preflight import Preflight, launch_preflight
 from verl_safe_launch.render import escape_lines, json_document, json_text, render_findings_text
 
 EXAMPLES = """\
@@ -87,7 +87,7 @@ def main(args: Sequence[str], offset: int) -> int:
 
 def _run(ns: argparse.Namespace, args: Sequence[str], offset: int, out: Outcome) -> int:
     composed = compose_from_args(ns, args, offset)
-    pre = run_preflight(composed)
+    pre = launch_preflight(composed, "run")
     out.findings = list(pre.findings)
     out.say(render_findings_text(pre.findings).rstrip("\n"))
     forced: list[str] = []
@@ -122,8 +122,20 @@ def _run(ns: argparse.Namespace, args: Sequence[str], offset: int, out: Outcome)
             return out.finish("no-gpu", EXIT_OK)
         forced.append("no GPU on this machine")
         _record_forced(run_dir, pre, forced)
+    if plan.address is None:
+        _check_model(cfg, plan)
     out.say("launching:\n" + render_plan(plan))
     return _launch(cfg, plan, pre, forced, ns.force, out)
+
+
+def _check_model(cfg: Any, plan: LaunchPlan) -> None:
+    """A local Ray loads the model on this machine: stop before Ray starts if it cannot be loaded here."""
+    from verl_safe_launch.launch import model_access_error
+
+    path = cfg.actor_rollout_ref.model.get("path")
+    error = model_access_error(str(path), os.environ, plan.run_dir) if path else None
+    if error is not None:
+        raise error
 
 
 def resolved_config(composed: Composed) -> Any:

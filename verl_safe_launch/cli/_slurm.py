@@ -35,7 +35,7 @@ from verl_safe_launch.inputs import (
     split_tool_tokens,
 )
 from verl_safe_launch.launch import slurm, slurm_audit
-from verl_safe_launch.preflight import run_preflight
+from verl_safe_launch.preflight import launch_preflight
 from verl_safe_launch.presets import compose_with_preset
 from verl_safe_launch.provenance import Layer, Source
 from verl_safe_launch.render import escape, json_document, render_findings_text
@@ -133,7 +133,7 @@ def _write_job(args: Sequence[str], offset: int) -> int:
     for path in (script, config):
         check_target(path, force=ns.force, inputs=ns.config, where="command line (-o)")
     composed, profile = compose_for_allocation(ns, args, offset)
-    pre = run_preflight(composed, profile)
+    pre = launch_preflight(composed, "slurm", profile)
     cpus, cpu_finding = _cpus_per_task(composed.view, ns.cpus_per_task, ns.nodes)
     findings = [*pre.findings, *([cpu_finding] if cpu_finding else [])]
     spec = _spec(ns, script, config, cpus, slurm.argv_overrides(composed))
@@ -294,7 +294,7 @@ def _preflight(args: Sequence[str], offset: int) -> int:
     ns = parse(parser, args)
     composed = compose_from_args(ns, args, offset)
     profile = detect_hardware(composed.tool)
-    pre = run_preflight(composed, profile)
+    pre = launch_preflight(composed, "slurm", profile)
     if ns.format == "json":
         print_json(json_document({}, pre.findings))
     else:

@@ -14,6 +14,7 @@ from typing import Any
 from verl_safe_launch.cli._common import add_compose_args, compose_from_args, make_parser, parse
 from verl_safe_launch.cli._run import choose_run_dir, resolved_config, write_run_dir
 from verl_safe_launch.compose import Composed
+from verl_safe_launch.environment import MISSING_FIX, MISSING_MARK
 from verl_safe_launch.errors import EXIT_OK, EXIT_PREFLIGHT, UsageError
 from verl_safe_launch.findings import has_errors
 from verl_safe_launch.launch import (
@@ -21,6 +22,7 @@ from verl_safe_launch.launch import (
     JOB_FILE,
     AnswerTooLong,
     JobTarget,
+    auth_env,
     capped_answers,
     client,
     cluster_nodes,
@@ -31,11 +33,12 @@ from verl_safe_launch.launch import (
     job_runtime_env,
     node_findings,
     node_need,
+    ray_auth,
     rundir,
     slurm,
     wait,
 )
-from verl_safe_launch.preflight import Preflight, run_preflight
+from verl_safe_launch.preflight import Preflight, launch_preflight
 from verl_safe_launch.render import render_findings_text
 
 EXAMPLES = """\
@@ -65,15 +68,16 @@ def main(args: Sequence[str], offset: int) -> int:
     add_compose_args(parser)
     ns = parse(parser, args)
     composed = compose_from_args(ns, args, offset)
-    pre = run_preflight(composed)
+    pre = launch_preflight(composed, "submit")
     print(render_findings_text(pre.findings).rstrip("\n"))
     if not pre.ok and not ns.force:
         print("Nothing was submitted: fix the errors above, or pass --force.")
         return EXIT_PREFLIGHT
     target = job_address(ns.address, os.environ, composed.view.get("ray_kwargs.ray_init.address"))
     try:
-        with capped_answers():
-            return _on_cluster(ns, args, composed, pre, target)
+        with capped_answers(), auth_env(ray_auth(target.address, os.environ)):
+            # a token in ~/.ray/auth_token is sent, as Ray's CLI would
+            return _checked_submit(ns, args, composed, pre, target)
     except AnswerTooLong as exc:
         raise UsageError(
             f"the job API at {target.address} ({target.source}) {exc}",
@@ -82,7 +86,7 @@ def main(args: Sequence[str], offset: int) -> int:
         ) from None
 
 
-def _on_cluster(
+def _checked_submit(
     ns: argparse.Namespace, args: Sequence[str], composed: Composed, pre: Preflight, target: JobTarget
 ) -> int:
     job_client = client(target)
@@ -134,4 +138,18 @@ def _submit(
     else:
         status = wait(job_client, job_id, lambda text: print(text, flush=True))
     print(f"job {job_id} ended: {status}", file=sys.stderr if status != "SUCCEEDED" else sys.stdout)
+    if status != "SUCCEEDED":
+        _explain_environment(job_client, job_id)
     return final_code(status)
+
+
+def _explain_environment(job_client: Any, job_id: str) -> None:
+    """A job that stopped because the cluster's Python lacks a dependency: say so in the last line."""
+    try:
+        logs = str(job_client.get_job_logs(job_id))
+    except Exception:  # the logs are best effort: the status already says the job failed
+        return
+    line = next((text for text in logs.splitlines() if MISSING_MARK in text), None)
+    if line is not None:
+        print(f"error: the cluster's Python {line.split('error: this Python ', 1)[-1]}", file=sys.stderr)
+        print(f"  fix: {MISSING_FIX}", file=sys.stderr)

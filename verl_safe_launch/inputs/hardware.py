@@ -15,6 +15,7 @@ from verl_safe_launch.config_view import ConfigView
 from verl_safe_launch.context import HardwareFacts
 from verl_safe_launch.errors import UsageError
 from verl_safe_launch.findings import Finding, Severity
+from verl_safe_launch.inputs.cpus import existing_ray, ray_cpu_count
 from verl_safe_launch.inputs.overrides import ToolSettings
 from verl_safe_launch.inputs.visible import invalid_note, visible_entries
 from verl_safe_launch.provenance import Layer, Source, Write
@@ -56,6 +57,12 @@ class HardwareProfile:
     notes: tuple[str, ...] = ()
     flash_attn: Fact[bool] | None = None
     host_memory_gb: Fact[float] | None = None
+    cpus_per_node: Fact[int] | None = None
+    ray_joins: str | None = None
+    in_entry_point: bool = False
+    """The profile is read inside verl's own entry point, on the machine where it starts Ray."""
+    ray_by: str | None = None
+    """The verb that starts or joins Ray itself, with its own CPU count (``verl-safe-launch run``)."""
 
     def facts(self) -> HardwareFacts:
         """The plain values the rules read (None where unknown)."""
@@ -68,7 +75,18 @@ class HardwareProfile:
             host_memory_gb=self.host_memory_gb.value if self.host_memory_gb else None,
             host_memory_from=self.host_memory_gb.source.describe() if self.host_memory_gb else None,
             on_this_machine=self.detected_here,
+            cpus_per_node=self.cpus_per_node.value if self.cpus_per_node else None,
+            cpus_from=self.cpus_per_node.source.describe() if self.cpus_per_node else None,
+            cpus_certain=self._cpus_certain,
+            ray_joins=self.ray_joins,
+            ray_by=self.ray_by,
         )
+
+    @property
+    def _cpus_certain(self) -> bool:
+        fact = self.cpus_per_node
+        declared = fact is not None and (fact.source.reason or "").startswith("declared")
+        return declared or self.in_entry_point or self.detected_here
 
     @property
     def detected_here(self) -> bool:
@@ -98,6 +116,8 @@ def detect_hardware(tool: ToolSettings, env: Mapping[str, str] | None = None) ->
         host_memory_gb=declared.host_memory_gb
         or _slurm_memory(env)
         or (_meminfo() if smi.gpus_per_node else None),
+        cpus_per_node=declared.cpus_per_node or _counted_cpus(env),
+        ray_joins=existing_ray(env),
     )
 
 
@@ -111,6 +131,10 @@ def merge_profiles(first: HardwareProfile, then: HardwareProfile) -> HardwarePro
         notes=first.notes + then.notes,
         flash_attn=first.flash_attn or then.flash_attn,
         host_memory_gb=first.host_memory_gb or then.host_memory_gb,
+        cpus_per_node=first.cpus_per_node or then.cpus_per_node,
+        ray_joins=first.ray_joins or then.ray_joins,
+        in_entry_point=first.in_entry_point or then.in_entry_point,
+        ray_by=first.ray_by or then.ray_by,
     )
 
 
@@ -132,6 +156,9 @@ def as_profile(tool: ToolSettings, hardware: HardwareFacts | HardwareProfile | N
         fact(hardware.gpu_name),
         flash_attn=fact(hardware.flash_attn),
         host_memory_gb=fact(hardware.host_memory_gb),
+        cpus_per_node=fact(hardware.cpus_per_node),
+        ray_joins=hardware.ray_joins,
+        ray_by=hardware.ray_by,
     )
 
 
@@ -156,6 +183,9 @@ def _from_tokens(tool: ToolSettings) -> HardwareProfile:
         flash_attn=_token(hw, "flash_attn", _boolean, "true or false", "hardware.flash_attn=false"),
         host_memory_gb=_token(
             hw, "host_memory_gb", _positive_float, "a positive number of GB", "hardware.host_memory_gb=512"
+        ),
+        cpus_per_node=_token(
+            hw, "cpus_per_node", _positive_int, "a whole number from 1 to 100000", "hardware.cpus_per_node=64"
         ),
     )
 
@@ -205,6 +235,11 @@ def _non_empty(text: str) -> str | None:
 
 def _boolean(text: str) -> bool | None:
     return {"true": True, "false": False}.get(text.lower())
+
+
+def _counted_cpus(env: Mapping[str, str]) -> Fact[int]:
+    count, how = ray_cpu_count(env)
+    return Fact(count, Source(Layer.HARDWARE, reason=f"detected: {how}, as Ray counts it"))
 
 
 # --- the software and host memory of this machine --------------------------------------------------------

@@ -10,7 +10,15 @@ from verl_safe_launch.errors import UsageError
 from verl_safe_launch.provenance import Layer, Source
 
 _SWEEPS = ("choice", "range", "interval", "shuffle", "glob")
-HARDWARE_KEYS = ("nodes", "gpus_per_node", "gpu_memory_gb", "gpu_name", "flash_attn", "host_memory_gb")
+HARDWARE_KEYS = (
+    "nodes",
+    "gpus_per_node",
+    "gpu_memory_gb",
+    "gpu_name",
+    "flash_attn",
+    "host_memory_gb",
+    "cpus_per_node",
+)
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from verl_safe_launch.launch.jobs import (
     job_address,
     job_runtime_env,
     status_name,
+    token_fix,
     wait,
 )
 from verl_safe_launch.launch.kuberay import (
@@ -35,6 +36,7 @@ from verl_safe_launch.launch.kuberay import (
     parse_selector,
     parse_toleration,
 )
+from verl_safe_launch.launch.model_access import describe_exception, model_access_error
 from verl_safe_launch.launch.nodes import (
     NodeInfo,
     NodeNeed,
@@ -165,6 +167,7 @@ __all__ = [
     "cluster_nodes",
     "config_digest",
     "count_arg",
+    "describe_exception",
     "diagnose",
     "diagnosis_json",
     "entrypoint",
@@ -185,6 +188,7 @@ __all__ = [
     "local_num_cpus",
     "mem_arg",
     "missing_error",
+    "model_access_error",
     "node_findings",
     "node_need",
     "nodes_from_ray",
@@ -212,6 +216,7 @@ __all__ = [
     "seconds_arg",
     "status_name",
     "time_arg",
+    "token_fix",
     "validate_with_verl",
     "wait",
     "wait_for_nodes",

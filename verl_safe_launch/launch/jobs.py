@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import shlex
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -12,6 +13,7 @@ from typing import Any, TypeVar
 from verl_safe_launch.errors import EXIT_LAUNCH, EXIT_OK, UsageError
 from verl_safe_launch.launch.deadline import within
 from verl_safe_launch.launch.nodes import NodeInfo, nodes_from_state
+from verl_safe_launch.launch.ray_auth import token_source
 
 CONNECT_TIMEOUT_S = 15.0
 JOB_FILE = "job.json"
@@ -65,11 +67,22 @@ def with_deadline(fn: Callable[[], T], seconds: float, target: JobTarget, what: 
 def _unreachable(target: JobTarget, what: str, detail: str) -> UsageError:
     auth = "401" in detail or "403" in detail or "auth" in detail.lower()
     fix = (
-        "the cluster wants a token: export RAY_AUTH_TOKEN (or the token file Ray reads) for this address"
+        token_fix(os.environ)
         if auth
         else "check the address (the dashboard's URL, default port 8265) and that the cluster is up"
     )
     return UsageError(f"cannot {what} at {target.address} ({target.source}): {detail}", fix=fix)
+
+
+def token_fix(env: Mapping[str, str]) -> str:
+    """What to do when the cluster refuses this process: name the token it sent, if any."""
+    source = token_source(env)
+    if source is None:
+        return "the cluster wants a token: export RAY_AUTH_TOKEN=<the cluster's token> (or RAY_AUTH_TOKEN_PATH=FILE)"
+    return (
+        f"the cluster refused the token from {source}: put the cluster's own token there (its head node's "
+        "~/.ray/auth_token), or export RAY_AUTH_TOKEN=<the cluster's token>"
+    )
 
 
 def client(target: JobTarget) -> Any:

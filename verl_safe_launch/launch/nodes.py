@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from verl_safe_launch.config_view import ConfigView
@@ -133,13 +133,33 @@ def _too_few(alive: Sequence[NodeInfo], holds: Sequence[NodeInfo], need: NodeNee
         + (": " + "; ".join(short) if short else "")
         + "; verl would wait forever for its placement groups"
     )
-    counts = sorted({int(n.gpus) for n in alive if n.gpus > 0})
-    fix = (
-        f"trainer.nnodes={len(holds)}"
-        if holds
-        else (f"trainer.n_gpus_per_node={counts[0]}" if counts else "add GPU nodes to the cluster")
-    )
-    return _finding("cluster-node-short", Severity.ERROR, message, fix, where)
+    return _finding("cluster-node-short", Severity.ERROR, message, _short_fix(alive, need), where)
+
+
+def _short_fix(alive: Sequence[NodeInfo], need: NodeNeed) -> str:
+    """The first change with which every bundle set is placed (re-checked on these nodes), else what to add."""
+    options = [(f"trainer.nnodes={n}", replace(need, nodes=n)) for n in range(need.nodes - 1, 0, -1)]
+    options += [
+        (f"trainer.n_gpus_per_node={g}", replace(need, gpus_per_node=g, cpus_per_node=CPUS_PER_GPU * g))
+        for g in range(need.gpus_per_node - 1, 0, -1)
+    ]
+    fixes = [text for text, changed in options if _placeable(alive, changed)]
+    if fixes:
+        return fixes[0]
+    if any(n.gpus >= need.gpus_per_node for n in alive):
+        each, one = need.cpus_per_node, need.cpus_per_node + need.extra_cpus
+        return (
+            f"start the nodes' Ray with more logical CPUs: each at least {each}, one at least {one} "
+            f"(ray start --num-cpus={one}; oversubscribing is fine)"
+        )
+    return "add GPU nodes to the cluster"
+
+
+def _placeable(alive: Sequence[NodeInfo], need: NodeNeed) -> bool:
+    """Every bundle set finds a node, and the CPUs left hold the TransferQueue and the task runner."""
+    holds = [n for n in alive if n.gpus >= need.gpus_per_node and n.cpus >= need.cpus_per_node]
+    spare = sum(n.cpus for n in alive) - need.cpus_per_node * min(need.nodes, len(holds))
+    return len(holds) >= need.nodes and spare >= need.extra_cpus
 
 
 def _mixed(gpu_nodes: Sequence[NodeInfo], need: NodeNeed, where: str, *, blocking: bool) -> list[Finding]:

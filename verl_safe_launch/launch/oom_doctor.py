@@ -13,6 +13,7 @@ from verl_safe_launch.launch.hook_stages import STAGE_BY_NAME
 from verl_safe_launch.launch.oom_log import ROLLOUT, OomEvent
 from verl_safe_launch.launch.postmortem import ESTIMATOR_STAGE, MARGIN
 from verl_safe_launch.memory import StageEstimate, estimate_memory, fit_knobs
+from verl_safe_launch.provenance import Layer
 from verl_safe_launch.render import escape
 from verl_safe_launch.rules import with_values
 
@@ -123,6 +124,14 @@ def _hook_knob(event: OomEvent, ctx: RuleContext) -> str | None:
 
 def _unknown_stage(event: OomEvent, ctx: RuleContext) -> str:
     if ctx.actor_arch is None:
+        key = "actor_rollout_ref.model.path"
+        path, prov = ctx.view.get(key), ctx.view.prov(key)
+        if path and prov is not None and prov.source.layer is not Layer.VERL:
+            return (
+                f"no architecture for actor_rollout_ref.model.path={path}: no config.json there or in the local "
+                "Hugging Face cache, and it is not in the bundled table; point model.path at a local model "
+                "directory (with its config.json) or download the model to the cache"
+            )
         return (
             "no architecture for the model: pass -c with the run's config or actor_rollout_ref.model.path=..."
         )

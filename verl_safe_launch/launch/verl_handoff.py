@@ -15,6 +15,7 @@ from typing import Any
 from verl_safe_launch.errors import LaunchError, UsageError
 from verl_safe_launch.launch.deadline import within
 from verl_safe_launch.launch.hooks import RUN_DIR_ENV
+from verl_safe_launch.launch.model_access import describe_exception
 from verl_safe_launch.launch.plan import LaunchBlocked, LaunchPlan
 from verl_safe_launch.launch.ray_auth import auth_env, refused
 from verl_safe_launch.launch.rundir import CONFIG_FILE, config_digest, render_config
@@ -56,9 +57,7 @@ def cause_line(exc: BaseException) -> str:
         if not isinstance(cause, BaseException) or cause is exc:
             break
         exc = cause
-    text = str(exc).strip()
-    first = text.splitlines()[0] if text else "(no message)"
-    return f"{type(exc).__name__}: {first}"
+    return describe_exception(exc)
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -232,5 +231,18 @@ def submit(cfg: Any, plan: LaunchPlan) -> None:
             f"the launch failed{f' in {worker}' if worker else ''}: {cause_line(exc)}",
             where=f"run directory {plan.run_dir}",
             fix="the run directory holds the config, the command and the memory records; "
-            "Ray's logs are under its session directory",
+            f"Ray's logs are under {ray_logs()}",
         ) from None
+
+
+def ray_logs() -> str:
+    """Where the connected Ray keeps its logs (its session directory), as a path when Ray says."""
+    try:
+        from ray._private import worker
+
+        node = worker._global_node
+        if node is not None:
+            return str(Path(node.get_session_dir_path()) / "logs")
+    except Exception:  # a Ray without this internal: name the local default
+        pass
+    return "its session directory (/tmp/ray/session_latest/logs for a local Ray)"

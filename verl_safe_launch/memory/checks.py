@@ -126,7 +126,8 @@ def _verdict(
         msg += f"; less than the {est.margin:.0%} margin left"
     fit = fits.get(stage.knob or "")
     fix = fit.override if fit else None
-    text = f"{fix} (est. {fit.peak_gib:.1f} GiB)" if fit and fix else _no_fit_fix(stage, fit)
+    offloaded = ctx.view.get(PARAM_OFFLOAD) is True or ctx.view.get(OFFLOAD_POLICY) is True
+    text = f"{fix} (est. {fit.peak_gib:.1f} GiB)" if fit and fix else _no_fit_fix(stage, fit, offloaded)
     keys = (stage.knob,) if stage.knob else ()
     return _finding(ctx, OOM if oom else TIGHT, Severity.ERROR if oom else Severity.WARNING, keys, msg, text)
 
@@ -145,9 +146,11 @@ def _unverified(ctx: RuleContext, est: MemoryEstimate, stage: StageEstimate) -> 
     return _finding(ctx, UNVERIFIED_ID, Severity.WARNING, keys, msg, fix)
 
 
-def _no_fit_fix(stage: StageEstimate, fit: KnobFit | None) -> str:
+PARAM_OFFLOAD = "actor_rollout_ref.actor.fsdp_config.param_offload"
+OFFLOAD_POLICY = "actor_rollout_ref.actor.fsdp_config.offload_policy"
+
+
+def _no_fit_fix(stage: StageEstimate, fit: KnobFit | None, offloaded: bool) -> str:
     if stage.name == "rollout":
-        return (
-            f"lower {UTIL_KEY}, or offload the actor (actor_rollout_ref.actor.fsdp_config.param_offload=true)"
-        )
+        return f"lower {UTIL_KEY}" + ("" if offloaded else f", or offload the actor ({PARAM_OFFLOAD}=true)")
     return fit.reason if fit else "run 'verl-safe-launch estimate --fit' with the same arguments"

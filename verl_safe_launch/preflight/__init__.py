@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from verl_safe_launch.preflight.pipeline import Preflight, rule_context, run_preflight
+from verl_safe_launch.preflight.pipeline import Preflight, launch_preflight, rule_context, run_preflight
+from verl_safe_launch.preflight.recheck import rechecked
 from verl_safe_launch.preflight.release import (
     header_json,
     header_lines,
@@ -16,6 +17,8 @@ __all__ = [
     "Preflight",
     "header_json",
     "header_lines",
+    "launch_preflight",
+    "rechecked",
     "rule_context",
     "run_preflight",
     "safe_header_json",

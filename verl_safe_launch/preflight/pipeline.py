@@ -16,6 +16,7 @@ from verl_safe_launch.inputs import (
     load_architecture,
 )
 from verl_safe_launch.memory import fit_knobs, memory_findings
+from verl_safe_launch.preflight.recheck import rechecked
 from verl_safe_launch.presets import preset_findings
 from verl_safe_launch.rules import run_rules
 
@@ -58,7 +59,13 @@ def run_preflight(composed: Composed, hardware: HardwareFacts | HardwareProfile 
     findings.extend(hardware_findings(composed.view, profile))
     findings.extend(with_fitted_maximum(run_rules(ctx), ctx))
     findings.extend(memory_findings(ctx))
-    return Preflight(composed, tuple(findings), ctx)
+    return Preflight(composed, tuple(rechecked(findings, ctx)), ctx)
+
+
+def launch_preflight(composed: Composed, verb: str, profile: HardwareProfile | None = None) -> Preflight:
+    """The pre-flight of a verb that starts (or joins) Ray itself, with its own CPU count: ``run``, ``submit``..."""
+    hardware = replace(profile or detect_hardware(composed.tool), ray_by=f"verl-safe-launch {verb}")
+    return run_preflight(composed, hardware)
 
 
 def with_fitted_maximum(findings: list[Finding], ctx: RuleContext) -> list[Finding]:

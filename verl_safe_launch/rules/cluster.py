@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from verl_safe_launch.config_view import ConfigView
 from verl_safe_launch.context import RuleContext
-from verl_safe_launch.findings import Rule
+from verl_safe_launch.findings import Rule, Severity
 from verl_safe_launch.rules.fixes import KeyFix, set_fix
 from verl_safe_launch.rules.kit import Draft, check, kv, plan, skipped
 from verl_safe_launch.rules.plan import GPUS_PER_NODE, NNODES, V1, pos_int, product, uses_v1, varying
@@ -112,7 +112,9 @@ def gpus_available(ctx: RuleContext) -> list[Draft]:
     view, hw = ctx.view, ctx.hardware
     keys = (GPUS_PER_NODE, NNODES)
     if hw.nodes is None or hw.gpus_per_node is None:
-        return [skipped(keys, "the hardware is unknown (give hardware.nodes and hardware.gpus_per_node)")]
+        missing = [name for name in ("nodes", "gpus_per_node") if getattr(hw, name) is None]
+        what = " and ".join(f"hardware.{name}" for name in missing)
+        return [skipped(keys, f"{what} {'is' if len(missing) == 1 else 'are'} unknown (declare {what})")]
     have, need = hw.nodes * hw.gpus_per_node, gpu_need(view).total
     if need is None or need <= have:
         return []
@@ -147,14 +149,38 @@ def ray_cpus(ctx: RuleContext) -> list[Draft]:
     cpus = cpu_need(view)
     need, have = cpus.total, view.get(CPU_KEY)
     formula = cpus.describe().split(" ", 1)[1].strip("()")
+    keys = (CPU_KEY, GPUS_PER_NODE, UNITS_KEY)
     if have is None:
-        why = f"{CPU_KEY} is null, so Ray counts the machine's CPUs; the V1 trainer needs {need} ({formula})"
-        return [skipped((CPU_KEY, GPUS_PER_NODE, UNITS_KEY), why)]
+        return _counted_cpus(ctx, need, formula)
     if pos_int(have) is None or have >= need:
         return []
     msg = f"{kv(view, CPU_KEY)} is below the {need} logical CPUs the V1 trainer reserves ({formula}); "
-    msg += "the TransferQueue start-up then waits forever without an error"
-    return [Draft((CPU_KEY, GPUS_PER_NODE, UNITS_KEY), msg, (set_fix(CPU_KEY, need),))]
+    msg += HANGS
+    return [Draft(keys, msg, (set_fix(CPU_KEY, need),))]
+
+
+HANGS = "the TransferQueue start-up then waits forever without an error"
+
+
+def _counted_cpus(ctx: RuleContext, need: int, formula: str) -> list[Draft]:
+    """``num_cpus`` null: the Ray that ``ray.init()`` starts counts the machine's CPUs; judge that count."""
+    hw, keys = ctx.hardware, (CPU_KEY, GPUS_PER_NODE, UNITS_KEY)
+    address = ctx.view.get("ray_kwargs.ray_init.address")
+    joins = f"ray_kwargs.ray_init.address={address} joins that cluster" if address else hw.ray_joins
+    head = f"{CPU_KEY} is null, so Ray counts the machine's CPUs; the V1 trainer needs {need} ({formula})"
+    if hw.ray_by:
+        return [skipped(keys, f"{head}; {hw.ray_by} starts Ray itself and sets num_cpus to at least that")]
+    if joins:
+        return [skipped(keys, f"{head}, and {joins}, whose CPUs are not known here")]
+    if hw.cpus_per_node is None:
+        return [skipped(keys, f"{head}; declare hardware.cpus_per_node to check it")]
+    if hw.cpus_per_node >= need:
+        return []
+    where = "Ray on this machine" if hw.cpus_certain else "a Ray that verl starts on this machine"
+    msg = f"{CPU_KEY} is null, so {where} counts {hw.cpus_per_node} CPUs ({hw.cpus_from}), below the {need} "
+    msg += f"logical CPUs the V1 trainer reserves ({formula}); {HANGS}"
+    severity = None if hw.cpus_certain else Severity.WARNING
+    return [Draft(keys, msg, (set_fix(CPU_KEY, need),), severity=severity)]
 
 
 RULES: tuple[Rule[RuleContext], ...] = (

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from verl_safe_launch.shell.ansi_c import ansi_c
+from verl_safe_launch.shell.subst import arithmetic_end, backquote_end, substitution_end
 
 
 class PartKind(StrEnum):
@@ -219,24 +220,22 @@ class _Lexer:
             self.parts.append(Part(PartKind.LIT, "".join(buf), True))
 
     def _backtick(self, quoted: bool) -> Part:
-        end = self.text.find("`", self.i + 1)
+        end = backquote_end(self.text, self.i + 1)
         if end < 0:
             raise ShellSyntaxError("unterminated backquote", self.line)
-        raw = self.text[self.i : end + 1]
+        raw = self.text[self.i : end]
         self.line += raw.count("\n")
-        self.i = end + 1
+        self.i = end
         return Part(PartKind.SUBST, raw, quoted)
 
     def _dollar(self, quoted: bool) -> Part:
         text, i = self.text, self.i
         nxt = text[i + 1 : i + 2]
-        if text.startswith("((", i + 1):
-            end = _matching(text, i + 1, "(", ")")
-            if end >= 0 and text[end - 1 : end] == ")":
-                part = self._subst(i, end + 1, quoted)
-                return Part(PartKind.ARITH, part.text[3:-2], quoted)
+        if text.startswith("((", i + 1) and (end := arithmetic_end(text, i + 3)) > 0:
+            part = self._subst(i, end, quoted)
+            return Part(PartKind.ARITH, part.text[3:-2], quoted)
         if nxt == "(":
-            end = _matching(text, i + 1, "(", ")")
+            end = substitution_end(text, i + 2)
             if end < 0:
                 raise ShellSyntaxError("unterminated $( ... )", self.line)
             return self._subst(i, end + 1, quoted)
