@@ -167,19 +167,8 @@ def _double_quoted_end(text: str, i: int) -> int:
 
 def arithmetic_end(text: str, i: int) -> int:
     """Just past the ``))`` closing ``$((`` (body from ``i``), or -1 when the parentheses close otherwise."""
-    depth = 2
-    while i < len(text):
-        ch = text[i]
-        if ch in "\"\\$`'":
-            i = skip_quoted(text, i)
-            if i < 0:
-                return -1
-            continue
-        depth += {"(": 1, ")": -1}.get(ch, 0)
-        if depth == 1:
-            return i + 2 if text[i + 1 : i + 2] == ")" else -1
-        i += 1
-    return -1
+    j = _depth_reached(text, i, "()", depth=2, stop=1)
+    return j + 2 if j >= 0 and text[j + 1 : j + 2] == ")" else -1
 
 
 def backquote_end(text: str, i: int) -> int:
@@ -194,7 +183,12 @@ def backquote_end(text: str, i: int) -> int:
 
 
 def _brace_end(text: str, i: int) -> int:
-    depth = 1
+    j = _depth_reached(text, i, "{}", depth=1, stop=0)
+    return j + 1 if j >= 0 else -1
+
+
+def _depth_reached(text: str, i: int, pair: str, *, depth: int, stop: int) -> int:
+    """The index where nesting by ``pair`` (quotes and expansions skipped) falls from ``depth`` to ``stop``; -1: never."""
     while i < len(text):
         ch = text[i]
         if ch in "\"\\$`'":
@@ -202,9 +196,9 @@ def _brace_end(text: str, i: int) -> int:
             if i < 0:
                 return -1
             continue
-        depth += {"{": 1, "}": -1}.get(ch, 0)
-        if depth == 0:
-            return i + 1
+        depth += {pair[0]: 1, pair[1]: -1}.get(ch, 0)
+        if depth == stop:
+            return i
         i += 1
     return -1
 
