@@ -81,8 +81,7 @@ def variant_cases() -> list[Case]:
 
 
 # Architecture features and logits paths on the models where users hit them: Qwen2.5-3B without flash-attn's
-# cross-entropy, gemma-2-2b's final-logit softcapping, Mixtral-8x7B's routed experts. These are also sampled right after each op (an
-# out-of-place op's input and output are alive together), which the softcapping's division needs.
+# cross-entropy, gemma-2-2b's final-logit softcapping, Mixtral-8x7B's routed experts.
 FEATURE_CASES = [
     Case("Qwen/Qwen2.5-3B", 8, 1024, "logprob", True, "no_flash_ce_padded"),
     Case("Qwen/Qwen2.5-3B", 8, 1024, "logprob", True, "no_flash_ce"),
@@ -262,7 +261,6 @@ def make_tracker(model: Any, vocab: int) -> Any:
             super().__init__()
             self.param_shapes = {tuple(p.shape) for p in model.parameters()}
             self.backward = False
-            self.after = False  # also sample right after each op, while its inputs are still alive
             self.peak, self.peak_logits, self.logits_live, self.peak_op = 0, 0, 0, ""
 
         def _update_peak_stats(self, peak_state: Any) -> None:  # module-wise peaks are not needed (and slow)
@@ -275,14 +273,15 @@ def make_tracker(model: Any, vocab: int) -> Any:
                     self.peak, self.peak_logits, self.peak_op = cur, self.logits_live, label
 
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            # sampled before each op (frees since the last op are counted) and after it, while the op's inputs
+            # and its output are alive together: an output that lives for one op is part of the peak
             self.sample(str(func))
             res = func(*args, **(kwargs or {}))
             reftype = _MemRefType.TEMP if self.backward else _MemRefType.ACT
             if self.backward and self._weight_grad(res, args, kwargs):
                 reftype = _MemRefType.OTH
             tree_map_only(torch.Tensor, functools.partial(self._track_logits, reftype), res)
-            if self.after:
-                self.sample(f"{func} (output)")
+            self.sample(f"{func} (output)")
             return res
 
         def _track_logits(self, reftype: Any, t: Any) -> None:
@@ -327,7 +326,6 @@ def trace(case: Case, layers: int | None = None, vocab: int | None = None) -> di
         ids = torch.randint(0, cfg.vocab_size, (case.micro, case.seq))
         tracker = make_tracker(model, -1 if case.variant == "value_head" else cfg.vocab_size)
         tracker.track_external(model)
-        tracker.after = case in FEATURE_CASES or case.variant.startswith("no_flash_ce")
         with tracker, torch.set_grad_enabled(grad):
             loss = _forward(model, ids, case.variant, cfg.vocab_size)
             if grad:

@@ -14,6 +14,26 @@ import pytest
 pytest.importorskip("transformers")
 
 
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_tracer_catches_a_peak_that_lives_for_one_op() -> None:
+    """``x = x + 1`` holds the old and the new ``x`` for the length of one op: the peak is two copies, not one."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    n = 1 << 20
+    with FakeTensorMode():
+        model = torch.nn.Linear(4, 4)
+        tracker = cm.make_tracker(model, vocab=-1)
+        tracker.track_external(model)
+        with tracker:
+            x = torch.ones(n)
+            for _ in range(3):
+                x = x + 1
+            tracker.sample("end")
+    assert tracker.peak == 2 * 4 * n
+    assert tracker.peak_op.endswith("(output)")
+
+
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_small_traced_case_within_15_percent() -> None:
