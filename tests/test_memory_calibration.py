@@ -44,6 +44,36 @@ def test_small_traced_case_within_15_percent() -> None:
     assert abs(activations + logits - traced["traced_total"]) <= 0.15 * traced["traced_total"]
 
 
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize(
+    ("model", "mode", "ckpt"),
+    [
+        ("mistralai/Mistral-7B-v0.1", "logprob", False),
+        ("mistralai/Mistral-7B-v0.1", "update", True),
+        ("microsoft/Phi-3-mini-4k-instruct", "logprob", False),
+    ],
+)
+def test_small_vocabulary_layer_peak_is_traced_within_10_percent(model: str, mode: str, ckpt: bool) -> None:
+    """A 32k vocabulary leaves the peak to the decoder layer: its terms are checked, not hidden by the logits."""
+    case = cm.Case(model, 2, 1024, mode, ckpt, layers=1)
+    traced = cm.trace(case)
+    activations, logits = cm.estimate(case)
+    assert traced["traced_logits"] < 0.5 * traced["traced_total"], "the logits set this peak"
+    assert abs(activations + logits - traced["traced_total"]) <= 0.10 * traced["traced_total"]
+
+
+def test_cached_family_cases_are_within_10_percent() -> None:
+    """Eight families (32k-vocabulary Mistral and Phi-3, MoE, MLA, a vision-language model), two shapes each."""
+    data = cm.load_cache()
+    cases = [c for c in cm.family_cases() if c.key in data["cases"]]
+    assert len(cases) == len(cm.family_cases()), "run bench/calibrate_memory.py --families"
+    for case in cases:
+        activations, logits = cm.estimate(case)
+        traced = data["cases"][case.key]["traced_total"]
+        assert abs(activations + logits - traced) <= 0.10 * traced, case.key
+
+
 def test_cached_calibration_grid_is_within_10_percent() -> None:
     data = cm.load_cache()
     cases = [c for c in cm.grid() if c.key in data["cases"]]
