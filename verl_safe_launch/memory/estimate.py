@@ -6,11 +6,20 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 from verl_safe_launch.config_view import ARR
-from verl_safe_launch.context import RuleContext
+from verl_safe_launch.context import Architecture, RuleContext
 from verl_safe_launch.memory.engine import Engine, StageSpec, make_pass, read_engine, stage_specs
 from verl_safe_launch.memory.host import HostEstimate, host_estimate
 from verl_safe_launch.memory.rollout import Finish, RolloutFacts, rollout_facts, rollout_stage
-from verl_safe_launch.memory.terms import BF16, FP32, GIB, coeffs_for, layer_params, pass_peak, root_params
+from verl_safe_launch.memory.terms import (
+    BF16,
+    FP32,
+    GIB,
+    coeffs_for,
+    kv_bytes_per_token,
+    layer_params,
+    pass_peak,
+    root_params,
+)
 from verl_safe_launch.rules import BatchPlan, batch_plan
 
 COMPONENTS = (
@@ -166,6 +175,8 @@ def gathered(engine: Engine, backward: bool) -> float:
     """Unsharded bf16 parameters in flight (head unit + prefetched layers) and, in backward, layer gradients."""
     arch = engine.arch
     layer, root = layer_params(arch), root_params(arch, engine.value_head)
+    if arch.vision:  # FSDP wraps each vision block as its own unit, like a decoder layer
+        root -= arch.vision.depth * arch.vision.block_params
     if not engine.reshard_after_forward:
         return BF16 * engine.params + (BF16 + FP32) * layer * backward
     layers = 1 + int(engine.forward_prefetch or backward)
@@ -260,11 +271,31 @@ def assumptions(s: Settings, specs: list[StageSpec], rollout: RolloutFacts | Non
             f"architecture family '{a.arch.model_type}' not traced: Llama constants, activations and logits "
             f"±{UNCALIBRATED:.0%}; a stage whose band straddles the GPU size is '{UNVERIFIED}', not 'fits'"
         )
+    lines.extend(architecture_lines(a.arch))
     if any(spec.dynamic for spec in specs):
         lines.append("dynamic batch size: a micro batch fills its token budget")
     if rollout is not None:
         lines.extend(rollout.assumptions)
     return tuple(lines)
+
+
+def architecture_lines(arch: Architecture) -> list[str]:
+    """What of the architecture is counted beyond a plain decoder: latent attention, a vision tower."""
+    lines = []
+    if arch.mla:
+        width = arch.kv_lora_rank + arch.qk_rope_head_dim
+        lines.append(
+            f"multi-head latent attention: parameters and activations of the latent projections (kv_lora_rank "
+            f"{arch.kv_lora_rank}, q_lora_rank {arch.q_lora_rank or 'none'}); the rollout caches the latent, "
+            f"{width} values per token per layer ({kv_bytes_per_token(arch, 1):,} B per token in bf16)"
+        )
+    if arch.vision:
+        v = arch.vision
+        lines.append(
+            f"vision tower: {v.params / 1e9:.2f}B parameters ({v.depth} blocks, width {v.hidden_size}) counted "
+            f"with the model's {arch.params / 1e9:.2f}B"
+        )
+    return lines
 
 
 def _dtype(e: Engine) -> str:

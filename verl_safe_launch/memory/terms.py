@@ -280,14 +280,19 @@ def layer_params(arch: Architecture) -> int:
     """Parameters of one decoder layer."""
     h, n = arch.hidden_size, arch.num_hidden_layers
     embed = arch.vocab_size * h * (1 if arch.tie_word_embeddings else 2)
-    return (arch.params - embed - h) // max(1, n)
+    return (arch.params - embed - h - vision_params(arch)) // max(1, n)
+
+
+def vision_params(arch: Architecture) -> int:
+    """Parameters of a vision-language model's vision tower (0 for a text model)."""
+    return arch.vision.params if arch.vision else 0
 
 
 def root_params(arch: Architecture, value_head: bool = False) -> int:
-    """Parameters outside the decoder layers: embeddings, head (or a value head) and final norm."""
+    """Parameters outside the decoder layers: embeddings, head (or a value head), final norm, vision tower."""
     h, v = arch.hidden_size, arch.vocab_size
     head = h if value_head else (0 if arch.tie_word_embeddings else v * h)
-    return v * h + head + h
+    return v * h + head + h + vision_params(arch)
 
 
 def model_params(arch: Architecture, value_head: bool = False) -> int:
