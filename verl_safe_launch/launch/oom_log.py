@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -22,23 +23,52 @@ TORCH_OOM_OLD = re.compile(
     r"(?P<total>[\d.]+) (?P<xu>[GMK]iB) total capacity; (?P<used>[\d.]+) (?P<uu>[GMK]iB) already allocated; "
     r"(?P<free>[\d.]+) (?P<fu>[GMK]iB) free"
 )
-# The inference engine could not place its KV cache (these stop the rollout server from starting).
-ENGINE_ERRORS: tuple[tuple[re.Pattern[str], str], ...] = (
-    (re.compile(r"No available memory for the cache blocks"), "vLLM found no memory left for the KV cache"),
+# "Process 4711 has 77.91 GiB memory in use": another process on the same GPU (torch lists each one it sees).
+OTHER_PROCESS = re.compile(r"Process (?P<pid>\d+) has (?P<used>[\d.]+) (?P<uu>[GMK]iB) memory in use")
+KV_CACHE, WAKE_UP, HOST, RAY_TASK_KIND = "kv-cache", "wake-up", "host", "ray-task"
+# The inference engine could not place its KV cache (these stop the rollout server from starting), or could not
+# map its memory back when it woke up for the next rollout.
+ENGINE_ERRORS: tuple[tuple[re.Pattern[str], str, str], ...] = (
+    (
+        re.compile(r"No available memory for the cache blocks"),
+        "vLLM found no memory left for the KV cache",
+        KV_CACHE,
+    ),
     (
         re.compile(r"To serve at least one request with the models?'?s max seq len \((?P<len>\d+)\)"),
         "vLLM's KV cache is smaller than one sequence of max_model_len",
+        KV_CACHE,
     ),
     (
         re.compile(r"Free memory on device .* is less than desired GPU memory utilization"),
         "vLLM found less free memory than gpu_memory_utilization asks for (the trainer still holds some)",
+        KV_CACHE,
     ),
     (
         re.compile(r"Not enough memory\. Please try to increase --mem-fraction-static"),
         "SGLang's KV-cache pool does not fit in its memory fraction",
+        KV_CACHE,
     ),
-    (re.compile(r"KV cache pool .*(?:too small|not enough)", re.I), "SGLang's KV-cache pool is too small"),
+    (
+        re.compile(r"KV cache pool .*(?:too small|not enough)", re.I),
+        "SGLang's KV-cache pool is too small",
+        KV_CACHE,
+    ),
+    (
+        re.compile(r"CUDA Error: out of memory at \S*cumem_allocator\.cpp"),
+        "vLLM could not map its memory back at wake-up (cumem_allocator): its gpu_memory_utilization share and "
+        "what the trainer still holds do not fit the GPU together",
+        WAKE_UP,
+    ),
 )
+# Ray's memory monitor killed a worker: the node's host memory ran out, not the GPU's.
+RAY_HOST_OOM = re.compile(
+    r"ray\.exceptions\.OutOfMemoryError: Task was killed due to the node running low on memory"
+)
+# A worker's out-of-memory error re-raised by Ray in the driver (torch's own message is in the worker's log).
+RAY_TASK_OOM = re.compile(r"RayTaskError\(OutOfMemoryError\): ray::")
+ENTROPY_FRAMES = ("entropy_from_logits",)
+LOOKAHEAD = 40  # lines below Ray's host-memory error that list the workers it killed
 ROLLOUT = "rollout"
 # Method names of verl's legacy fsdp_workers / dp_actor path that the hook table (V1 engine_workers) does not list.
 LEGACY_METHODS = {
@@ -49,7 +79,9 @@ LEGACY_METHODS = {
 }
 ROLLOUT_PATHS = ("vllm/", "sglang/", "EngineCore", "vllm_rollout", "sglang_rollout")
 FRAME = re.compile(r'File "(?P<file>[^"]+)", line \d+, in (?P<func>\w+)')
-RAY_TASK = re.compile(r"ray::[\w.]*?\.(?P<func>\w+)\(")
+RAY_TASK = re.compile(
+    r"ray::[\w.]*?\.(?P<func>\w+)(?:\(|\s*$)"
+)  # a task error, or Ray's list of memory users
 LOOKBACK = 400  # traceback lines searched above the error
 LOG_SUFFIXES = (".log", ".out", ".err", ".txt")
 MAX_LOG_BYTES = 64 << 20
@@ -71,6 +103,28 @@ class OomEvent:
     free_gib: float | None = None
     in_use_gib: float | None = None
     detail: str = ""
+    others_gib: tuple[tuple[int, float], ...] = ()
+    """Other processes on the same GPU and what each holds (torch's "Process N has X GiB memory in use")."""
+    in_entropy: bool = False
+    """The traceback runs through verl's entropy_from_logits."""
+
+    @property
+    def other_process_gib(self) -> float:
+        """What other processes held on the GPU when this one failed."""
+        return sum(gib for _, gib in self.others_gib)
+
+    @property
+    def signature(self) -> tuple[object, ...]:
+        """What identifies the error itself: the same error printed twice (worker and driver) matches."""
+        return (
+            self.kind,
+            self.tried_gib,
+            self.gpu,
+            self.total_gib,
+            self.free_gib,
+            self.in_use_gib,
+            self.detail,
+        )
 
     @property
     def needed_gib(self) -> float | None:
@@ -103,6 +157,9 @@ def _torch_event(match: re.Match[str], where: str, line: str) -> OomEvent:
         total_gib=_gib(g["total"], g["xu"]),
         free_gib=_gib(g["free"], g["fu"]),
         in_use_gib=_gib(g.get("used"), g.get("uu")),
+        others_gib=tuple(
+            (int(m["pid"]), _gib(m["used"], m["uu"]) or 0.0) for m in OTHER_PROCESS.finditer(line)
+        ),
     )
 
 
@@ -111,9 +168,15 @@ def _match(line: str, where: str) -> OomEvent | None:
         found = pattern.search(line)
         if found:
             return _torch_event(found, where, line)
-    for pattern, detail in ENGINE_ERRORS:
+    for pattern, detail, kind in ENGINE_ERRORS:
         if pattern.search(line):
-            return OomEvent(where, line.strip(), "kv-cache", ROLLOUT, None, detail=detail)
+            return OomEvent(where, line.strip(), kind, ROLLOUT, None, detail=detail)
+    if RAY_HOST_OOM.search(line):
+        detail = "Ray's memory monitor killed a worker: the node's host memory ran out (not the GPU's)"
+        return OomEvent(where, line.strip(), HOST, None, None, detail=detail)
+    if RAY_TASK_OOM.search(line):
+        detail = "a worker ran out of memory; torch's message is in that worker's log (ray/logs/worker-*.err)"
+        return OomEvent(where, line.strip(), RAY_TASK_KIND, None, None, detail=detail)
     return None
 
 
@@ -134,16 +197,57 @@ def stage_of(lines: Sequence[str]) -> tuple[str | None, str | None]:
     return (ROLLOUT, None) if in_engine else (None, None)
 
 
-def scan_lines(lines: Sequence[str], label: str) -> Iterator[OomEvent]:
-    """Every out-of-memory error in a sequence of log lines, with its stage from the lines above it."""
+def scan_lines(lines: Sequence[str], label: str) -> list[OomEvent]:
+    """Every distinct out-of-memory error in a sequence of log lines, with its stage from the lines above it."""
+    return distinct(list(_scan(lines, label)))
+
+
+def _scan(lines: Sequence[str], label: str) -> Iterator[OomEvent]:
     for index, line in enumerate(lines):
         event = _match(line, f"{label}:{index + 1}")
         if event is None:
             continue
+        above = lines[max(0, index - LOOKBACK) : index + 1]
         if event.stage is None:
-            stage, method = stage_of(lines[max(0, index - LOOKBACK) : index + 1])
-            event = OomEvent(**{**event.__dict__, "stage": stage, "method": method})
+            # Ray's host-memory error names the killed worker's task in the lines below it
+            search = [*above, *lines[index + 1 : index + LOOKAHEAD]] if event.kind == HOST else above
+            stage, method = stage_of(search)
+            event = dataclasses.replace(event, stage=stage, method=method)
+        if any(FRAME.search(x) and any(f in x for f in ENTROPY_FRAMES) for x in above):
+            event = dataclasses.replace(event, in_entropy=True)
+        if event.others_gib:
+            event = dataclasses.replace(event, others_gib=_others(event, above))
         yield event
+
+
+PID = re.compile(r"\bpid=(\d+)")
+
+
+def _others(event: OomEvent, above: Sequence[str]) -> tuple[tuple[int, float], ...]:
+    """The processes torch lists on the GPU minus the failing one (its pid in Ray's prefix or task error, or
+    the entry holding exactly what torch says this process holds)."""
+    own = {int(m) for line in above for m in PID.findall(line)}
+    rest = [(pid, gib) for pid, gib in event.others_gib if pid not in own]
+    if len(rest) == len(event.others_gib):
+        same = next((i for i, (_, gib) in enumerate(rest) if gib == event.in_use_gib), None)
+        rest = [x for i, x in enumerate(rest) if i != same]
+    return tuple(rest)
+
+
+def distinct(events: Sequence[OomEvent]) -> list[OomEvent]:
+    """One event per error: a message printed again (by Ray in the driver, by the engine and its caller) is
+    dropped, and so are Ray's re-raises of a worker's error when the worker's own message is in the logs (else
+    the one that names a worker stage)."""
+    seen: set[tuple[object, ...]] = set()
+    out: list[OomEvent] = []
+    for event in events:
+        if event.signature not in seen and event.kind != RAY_TASK_KIND:
+            seen.add(event.signature)
+            out.append(event)
+    if out:
+        return out
+    named = [e for e in events if e.stage is not None]
+    return (named or list(events))[:1]
 
 
 def log_files(path: Path) -> list[Path]:
@@ -164,5 +268,5 @@ def find_ooms(path: Path) -> list[OomEvent]:
     for file in log_files(path):
         text = file.read_text(encoding="utf-8", errors="replace")
         label = str(file.relative_to(path)) if path.is_dir() else str(file)
-        events.extend(scan_lines(text.splitlines(), label))
-    return events
+        events.extend(_scan(text.splitlines(), label))
+    return distinct(events)
