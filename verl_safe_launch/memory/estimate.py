@@ -64,6 +64,14 @@ class StageEstimate:
     verdict: str | None = None
     phases: tuple[tuple[str, float], ...] = ()
     batch_gib: float = 0.0  # activations and logits of one micro batch at its peak
+    traced: bool = True  # the architecture family's terms were checked against traces
+
+    @property
+    def verdict_text(self) -> str | None:
+        """The verdict, saying so when it rests on an untraced family's wide band."""
+        if self.verdict is None or self.traced:
+            return self.verdict
+        return f"{self.verdict} ({UNTRACED})"
 
     @property
     def total(self) -> float:
@@ -99,6 +107,7 @@ class MemoryEstimate:
 
 
 UNVERIFIED = "unverified"
+UNTRACED = "family not traced"
 
 
 def verdict(total: float, gpu: float | None, margin: float) -> str | None:
@@ -133,7 +142,7 @@ def finish(
         if ctx.calibrated
         else band_verdict(total, low, high, ctx.gpu, ctx.margin)
     )
-    return StageEstimate(name, gib, phase, batch, knob, low, high, judged)
+    return StageEstimate(name, gib, phase, batch, knob, low, high, judged, traced=ctx.calibrated)
 
 
 @dataclass(frozen=True)
