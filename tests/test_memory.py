@@ -100,7 +100,7 @@ def test_model_params_match_the_architecture_and_the_value_head() -> None:
             Pass(tokens=1000, backward=False, vocab=100, entropy=Entropy.CHUNKED, entropy_chunk=10),
             2 * 1000 * 100 + 12 * 10 * 100 + 8000,
         ),
-        (Pass(tokens=1000, backward=True, vocab=100, entropy=Entropy.EAGER), 16 * 1000 * 100 + 8000),
+        (Pass(tokens=1000, backward=True, vocab=100, entropy=Entropy.EAGER), 18 * 1000 * 100 + 8000),
     ],
 )
 def test_logits_bytes(p: Pass, expected: int) -> None:

@@ -83,7 +83,7 @@ class Entropy(StrEnum):
 
 
 # Bytes per token per vocabulary entry of the logits and their temporaries at the pass's peak, after the bf16
-# logits themselves (measured by bench/calibrate_memory.py --variants; COMPILED with a gradient is derived:
+# logits themselves (sampled after every op: in backward an fp32 gradient and the op's output are alive together) (measured by bench/calibrate_memory.py --variants; COMPILED with a gradient is derived:
 # the compiled entropy keeps no full-vocabulary buffer, its backward writes one bf16 gradient).
 LOGIT_EXTRA: dict[tuple[Entropy, bool], float] = {
     (Entropy.NONE, False): 0.0,
@@ -91,13 +91,13 @@ LOGIT_EXTRA: dict[tuple[Entropy, bool], float] = {
     (Entropy.COMPILED, False): 0.0,
     (Entropy.COMPILED, True): 4.0,
     (Entropy.EAGER, False): 8.0,
-    (Entropy.EAGER, True): 14.0,
+    (Entropy.EAGER, True): 16.0,
     (Entropy.CHUNKED, False): 0.0,
     (Entropy.CHUNKED, True): 8.0,
 }
-ENTROPY_CHECKPOINTED_GRAD = 14.0  # recomputed in backward: the same peak as eager, only later
-CHUNK_BYTES_PER_ENTRY = {False: 12.0, True: 16.0}  # one chunk's fp32 copy, softmax, product (and gradients)
-FUSED_BYTES_PER_ENTRY = {False: 12.0, True: 24.0}  # fused kernels: one 512-token chunk's fp32 temporaries
+ENTROPY_CHECKPOINTED_GRAD = 16.0  # recomputed in backward: the same peak as eager, only later
+CHUNK_BYTES_PER_ENTRY = {False: 12.0, True: 20.0}  # one chunk's fp32 copy, softmax, product (and gradients)
+FUSED_BYTES_PER_ENTRY = {False: 12.0, True: 28.0}  # fused kernels: one 512-token chunk's fp32 temporaries
 PER_TOKEN_LOGPROB = 8  # fp32 log-prob and log-sum-exp per token
 # Without flash-attn's cross-entropy verl runs logprobs_from_logits_v2: a log_softmax per row of the logits (a row
 # is one token with remove padding, one sequence without). Traced (bench/calibrate_memory.py --variants): the
