@@ -198,3 +198,21 @@ def test_estimate_shows_latent_attention_and_the_vision_tower(
     r = cli("estimate", "-c", example, f"actor_rollout_ref.model.path={folder}", "hardware.gpu_memory_gb=80")
     assert r.code == 0, r.err
     assert shown in r.out
+
+
+def test_vision_tower_activations_follow_the_image_tokens(tmp_path: Any) -> None:
+    """Checkpointed update: each of the 32 blocks keeps its bf16 input per patch (4 patches per image token),
+    plus the merged embeddings, which the forward also keeps beside the language model's layers."""
+    from dataclasses import replace
+
+    from verl_safe_launch.memory import Pass, pass_peak
+
+    arch = load_architecture(str(_model_dir(tmp_path, "Qwen/Qwen2.5-VL-7B-Instruct")))
+    assert arch is not None and arch.vision is not None
+    update = Pass(tokens=8192, backward=True, vocab=arch.vocab_size)
+    text, images = pass_peak(arch, update), pass_peak(arch, replace(update, image_tokens=4096))
+    assert text.phase == images.phase
+    assert images.activations - text.activations == 4096 * 4 * 32 * 2 * 1280 + 4096 * 2 * 3584
+    forward = Pass(tokens=8192, backward=False, vocab=1)
+    text, images = pass_peak(arch, forward), pass_peak(arch, replace(forward, image_tokens=8192))
+    assert images.activations - text.activations == 8192 * 2 * 3584  # the merged embeddings, beside the layer

@@ -162,6 +162,7 @@ class Settings:
     notes: tuple[str, ...] = ()
     optimizer: str = "AdamW"
     logits_path: str = ""
+    prompt_len: int = 0
 
 
 def resident(engine: Engine | None, stage: str, running: bool) -> dict[str, float]:
@@ -210,7 +211,7 @@ def training_stage(spec: StageSpec, s: Settings) -> StageEstimate:
     e = spec.engine
     base = _base(spec, s)
     tokens = spec.tokens(s.seq_len)
-    peak = pass_peak(e.arch, make_pass(spec, tokens, s.seq_len))
+    peak = pass_peak(e.arch, make_pass(spec, tokens, s.seq_len, s.prompt_len))
     during = {"gathered parameters": gathered(e, spec.backward), "activations": peak.activations}
     during["logits and temporaries"] = peak.logits
     parts, phase = add(base, during), peak.phase
@@ -302,7 +303,8 @@ def architecture_lines(arch: Architecture) -> list[str]:
         v = arch.vision
         lines.append(
             f"vision tower: {v.params / 1e9:.2f}B parameters ({v.depth} blocks, width {v.hidden_size}) counted "
-            f"with the model's {arch.params / 1e9:.2f}B"
+            f"with the model's {arch.params / 1e9:.2f}B; activations for images filling every prompt "
+            f"({v.merge} patches per image token; blocks costed as Llama layers at that width, not traced)"
         )
     return lines
 
@@ -368,7 +370,9 @@ def prepare(ctx: RuleContext, margin: float, overhead_gib: float) -> Settings | 
     )
     optimizer = str(view.get(f"{ARR}.actor.optim.optimizer") or "AdamW")
     specs = tuple(stage_specs(view, plan, actor, ref, critic))
-    return replace(s, specs=specs, optimizer=optimizer, logits_path=path)
+    prompt = view.get("data.max_prompt_length")
+    prompt_len = prompt if isinstance(prompt, int) and not isinstance(prompt, bool) and prompt > 0 else 0
+    return replace(s, specs=specs, optimizer=optimizer, logits_path=path, prompt_len=prompt_len)
 
 
 FLASH_CE_ENV_KEY = "ray_kwargs.ray_init.runtime_env.env_vars.VERL_DISABLE_FLASH_ATTN_CE"

@@ -130,6 +130,7 @@ class Pass:
     flash_ce: bool = True
     row_tokens: int = 1
     softcap: bool = False
+    image_tokens: int = 0  # language-model tokens that stand for image patches (vision-language models)
 
 
 @dataclass(frozen=True)
@@ -262,18 +263,40 @@ def logits_bytes(p: Pass, hidden: int) -> float:
 
 
 def pass_peak(arch: Architecture, p: Pass) -> PassPeak:
-    """Peak activations and logits of one micro batch: the larger of the head phase and the layer phase."""
+    """Peak activations and logits of one micro batch: the largest of the head, layer and vision-tower phases."""
     t, h = p.tokens, arch.hidden_size
     logits = logits_bytes(p, h)
+    vision_kept, vision_own = vision_bytes(arch, p)
     if not p.backward:
-        head = PassPeak(2 * h * t, logits, "logits of the forward")
-        layer = PassPeak(layer_forward_peak(arch, p) * t, 0.0, "one layer's forward")
-        return head if head.total >= layer.total else layer
-    kept = saved_layers(arch, p) * t
+        head = PassPeak(2 * h * t + vision_kept, logits, "logits of the forward")
+        layer = PassPeak(layer_forward_peak(arch, p) * t + vision_kept, 0.0, "one layer's forward")
+        tower = PassPeak(vision_own, 0.0, "the vision tower's forward")
+        return max((head, layer, tower), key=lambda x: x.total)
+    kept = saved_layers(arch, p) * t + vision_kept
     head = PassPeak(kept + (head_saved(arch) + 2 * h) * t, logits, "start of backward (logits)")
     inner = layer_backward_extra(arch, p) + (layer_saved(arch, p) if p.checkpointing else 0)
     layer = PassPeak(kept + inner * t, 0.0, "backward of the last layer")
-    return head if head.total >= layer.total else layer
+    tower = PassPeak(vision_own, 0.0, "backward of the vision tower")
+    return max((head, layer, tower), key=lambda x: x.total)
+
+
+def vision_bytes(arch: Architecture, p: Pass) -> tuple[float, float]:
+    """The vision tower's activations for the micro batch's image patches: what stays alive while the language
+    model runs (saved block inputs or tensors, the merged embeddings), and the tower's own peak (its forward, or
+    the backward of its last block). A block is costed as a Llama layer at the tower's width (not traced)."""
+    v = arch.vision
+    if v is None or not p.image_tokens:
+        return 0.0, 0.0
+    patches = p.image_tokens * v.merge
+    hv, fv = v.hidden_size, v.intermediate_size
+    saved = LLAMA.hidden * hv + (LLAMA.q + LLAMA.kv) * hv + LLAMA.mlp * fv + LLAMA.const
+    merged = BF16 * v.out_hidden_size * p.image_tokens
+    if not p.backward:
+        return merged, merged + patches * (max(14 * hv, 6 * fv + 8 * hv) + 8)
+    per_block = BF16 * hv if p.checkpointing else saved
+    kept = patches * v.depth * per_block + merged
+    recompute = saved if p.checkpointing else 0
+    return kept, kept + patches * (max(6 * hv, 4 * fv + 2 * hv) + recompute)
 
 
 def layer_params(arch: Architecture) -> int:
