@@ -112,7 +112,7 @@ FAMILY_MODELS = (
     "Qwen/Qwen2.5-VL-7B-Instruct",
     "google/gemma-2-2b",
 )
-FAMILY_SHAPES = ((1, 8192), (8, 1024))
+FAMILY_SHAPES = ((1, 8192), (4, 1024))  # two token counts, one long sequence and a batch of shorter ones
 FAMILY_LAYERS = 2
 
 

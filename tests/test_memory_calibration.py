@@ -1,9 +1,10 @@
-"""The memory model against a trace of the real transformers modules on fake tensors (one small case).
+"""The memory model against traces of the real transformers modules on fake tensors.
 
-The full grid (three architectures, micro 1/4/8, sequences 512/2048, with and without checkpointing) is
-``bench/calibrate_memory.py`` (both use tests/memory_trace.py); its traced results are kept in
-bench/memory_calibration.json. No GPU is needed:
-the trace runs on CPU fake tensors (bench/gpu_memory_check.py measures the same cases on a real GPU).
+The tracer samples memory after every op (a test below proves a one-op peak is caught). Cached traces, kept in
+bench/memory_calibration.json by ``bench/calibrate_memory.py``: the full-depth grid (Qwen2.5-0.5B/1.5B,
+Llama-3.1-8B, Qwen3-0.6B; micro 1/4/8, sequences 512/2048, with and without checkpointing), the logits variants,
+and eight families at two token counts each (``--families``; Mistral-7B and Phi-3-mini have 32k vocabularies).
+No GPU is needed: the trace runs on CPU fake tensors (bench/gpu_memory_check.py measures on a real GPU).
 """
 
 from __future__ import annotations
