@@ -95,6 +95,9 @@ FEATURE_CASES = [
     Case("mistralai/Mixtral-8x7B-v0.1", 1, 1024, "update", False),
     Case("synthetic/qwen3-moe-8L", 1, 1024, "update", True),
     Case("synthetic/qwen3-moe-8L", 1, 1024, "update", False),
+    # Phi-3-mini without flash-attn's cross-entropy (a 32k vocabulary: the row-wise log-softmax beside the layers)
+    Case("microsoft/Phi-3-mini-4k-instruct", 4, 1024, "logprob", False, "no_flash_ce", layers=2),
+    Case("microsoft/Phi-3-mini-4k-instruct", 4, 1024, "update", True, "no_flash_ce", layers=2),
 ]
 
 
