@@ -11,6 +11,7 @@ Every sequence is at full length (the remove-padding worst case): ``micro × seq
     python bench/calibrate_memory.py              # grid: cached traces + fresh estimates, table and max errors
     python bench/calibrate_memory.py --refresh    # re-trace every case (about 10 minutes on 2 cores)
     python bench/calibrate_memory.py --variants   # entropy / temperature / fused-kernel variants on one model
+    python bench/calibrate_memory.py --families   # eight families, two shapes each, two layers deep
     python bench/calibrate_memory.py --census     # saved tensors of one decoder layer per family (the constants)
 
 Traced results are cached in bench/memory_calibration.json so the constants' provenance is reviewable.
@@ -30,11 +31,13 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from memory_trace import (  # noqa: E402
     CACHE,
+    FAMILY_MODELS,
     MODELS,
     Case,
     _build,
     architecture,
     estimate,
+    family_cases,
     grid,
     hf_config,
     load_cache,
@@ -44,6 +47,18 @@ from memory_trace import (  # noqa: E402
 )
 
 MIB = float(1 << 20)
+SAMPLING = "after each op"  # traces sampled only before each op (an older tracer) are traced again
+
+
+def save_case(key: str, row: dict[str, Any]) -> None:
+    """Add one traced case to the cache, re-read first so that runs in parallel keep each other's cases."""
+    import fcntl
+
+    with open(CACHE.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        data = load_cache()
+        data["cases"][key] = row
+        save_cache(data)
 
 
 def save_cache(data: dict[str, Any]) -> None:
@@ -57,20 +72,21 @@ def save_cache(data: dict[str, Any]) -> None:
         "cross_entropy": "flash-attn cross_entropy_loss stand-in (fp32 loss+lse, in-place gradient)",
         "tokens": "micro × seq, every sequence at full length (remove-padding worst case)",
         "excluded": "parameters, parameter gradients (FSDP shards them; the estimator adds them analytically)",
+        "sampling": "before and after every op (an op's inputs and output alive together)",
     }
-    CACHE.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    partial = CACHE.with_suffix(".partial")
+    partial.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    partial.replace(CACHE)  # readers never see a half-written file
 
 
 def run_cases(cases: list[Case], refresh: bool) -> dict[str, Any]:
     data = load_cache()
-    todo = [c for c in cases if refresh or c.key not in data["cases"]]
+    todo = [c for c in cases if refresh or data["cases"].get(c.key, {}).get("sampling") != SAMPLING]
     for i, case in enumerate(todo, 1):
-        data["cases"][case.key] = trace(case)
-        save_cache(data)
-        print(
-            f"  traced {i}/{len(todo)} {case.key} in {data['cases'][case.key]['seconds']} s", file=sys.stderr
-        )
-    return data
+        row = {**trace(case), "sampling": SAMPLING}
+        save_case(case.key, row)
+        print(f"  traced {i}/{len(todo)} {case.key} in {row['seconds']} s", file=sys.stderr)
+    return load_cache()
 
 
 def error(est: float, ref: float) -> float:
@@ -144,6 +160,7 @@ def main() -> int:
     )
     parser.add_argument("--refresh", action="store_true", help="re-trace cached cases")
     parser.add_argument("--variants", action="store_true", help="the logits post-processing variants")
+    parser.add_argument("--families", action="store_true", help="every family at two shapes, few layers")
     parser.add_argument("--census", action="store_true", help="saved tensors of one layer per family")
     parser.add_argument("--model", action="append", help="restrict the grid to these models")
     ns = parser.parse_args()
@@ -151,7 +168,12 @@ def main() -> int:
     if ns.census:
         census()
         return 0
-    cases = variant_cases() if ns.variants else grid(tuple(ns.model) if ns.model else MODELS)
+    if ns.variants:
+        cases = variant_cases()
+    elif ns.families:
+        cases = family_cases(tuple(ns.model) if ns.model else FAMILY_MODELS)
+    else:
+        cases = grid(tuple(ns.model) if ns.model else MODELS)
     data = run_cases(cases, ns.refresh)
     worst = report(cases, data)
     return 0 if worst <= 10.0 else 1

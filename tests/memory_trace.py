@@ -52,11 +52,13 @@ class Case:
     mode: str
     ckpt: bool
     variant: str = "default"
+    layers: int = 0  # decoder layers traced (0: all of the model's)
 
     @property
     def key(self) -> str:
         ck = "ckpt" if self.ckpt else "nockpt"
-        return f"{self.model}|{self.mode}|b{self.micro}|s{self.seq}|{ck}|{self.variant}"
+        depth = f"|L{self.layers}" if self.layers else ""
+        return f"{self.model}|{self.mode}|b{self.micro}|s{self.seq}|{ck}|{self.variant}{depth}"
 
     @property
     def tokens(self) -> int:
@@ -81,8 +83,7 @@ def variant_cases() -> list[Case]:
 
 
 # Architecture features and logits paths on the models where users hit them: Qwen2.5-3B without flash-attn's
-# cross-entropy, gemma-2-2b's final-logit softcapping, Mixtral-8x7B's routed experts. These are also sampled right after each op (an
-# out-of-place op's input and output are alive together), which the softcapping's division needs.
+# cross-entropy, gemma-2-2b's final-logit softcapping, Mixtral-8x7B's routed experts.
 FEATURE_CASES = [
     Case("Qwen/Qwen2.5-3B", 8, 1024, "logprob", True, "no_flash_ce_padded"),
     Case("Qwen/Qwen2.5-3B", 8, 1024, "logprob", True, "no_flash_ce"),
@@ -94,7 +95,112 @@ FEATURE_CASES = [
     Case("mistralai/Mixtral-8x7B-v0.1", 1, 1024, "update", False),
     Case("synthetic/qwen3-moe-8L", 1, 1024, "update", True),
     Case("synthetic/qwen3-moe-8L", 1, 1024, "update", False),
+    # Phi-3-mini without flash-attn's cross-entropy (a 32k vocabulary: the row-wise log-softmax beside the layers)
+    Case("microsoft/Phi-3-mini-4k-instruct", 4, 1024, "logprob", False, "no_flash_ce", layers=2),
+    Case("microsoft/Phi-3-mini-4k-instruct", 4, 1024, "update", True, "no_flash_ce", layers=2),
 ]
+
+
+# Families nobody calibrated the terms on, each at two shapes and every stage, traced with few layers (a layer's
+# terms scale with the token count, not the depth; the depth multiplies only the saved inputs, which the estimate
+# takes at the traced depth too). Mistral-7B and Phi-3-mini have 32k vocabularies: the layer, not the logits,
+# sets their forward peak, so a large vocabulary cannot hide a layer term's error.
+FAMILY_MODELS = (
+    "meta-llama/Llama-3.1-8B",
+    "Qwen/Qwen2.5-14B",
+    "mistralai/Mistral-7B-v0.1",
+    "microsoft/Phi-3-mini-4k-instruct",
+    "Qwen/Qwen1.5-MoE-A2.7B",
+    "deepseek-ai/DeepSeek-V2-Lite",
+    "Qwen/Qwen2.5-VL-7B-Instruct",
+    "google/gemma-2-2b",
+)
+FAMILY_SHAPES = ((1, 8192), (4, 1024))  # two token counts, one long sequence and a batch of shorter ones
+FAMILY_LAYERS = 2
+
+
+def family_cases(models: tuple[str, ...] = FAMILY_MODELS) -> list[Case]:
+    """Every family × two shapes × (log-prob, update with and without checkpointing), at FAMILY_LAYERS."""
+    return [
+        Case(m, b, s, mode, ckpt, layers=FAMILY_LAYERS)
+        for m in models
+        for mode, ckpt in MODES
+        for b, s in FAMILY_SHAPES
+    ]
+
+
+# Models outside the bundled table come from transformers' own config classes, so the trace and the estimate
+# read the same numbers: MistralConfig, Phi3Config and Qwen2MoeConfig default to Mistral-7B-v0.1, Phi-3-mini and
+# Qwen1.5-MoE-A2.7B; DeepSeek-V2-Lite and Qwen2.5-VL-7B-Instruct pass their published config.json numbers
+# (huggingface.co/deepseek-ai/DeepSeek-V2-Lite and Qwen/Qwen2.5-VL-7B-Instruct, config.json).
+DEEPSEEK_V2_LITE: dict[str, Any] = dict(
+    hidden_size=2048,
+    intermediate_size=10944,
+    moe_intermediate_size=1408,
+    num_hidden_layers=27,
+    num_attention_heads=16,
+    num_key_value_heads=16,
+    n_shared_experts=2,
+    n_routed_experts=64,
+    num_experts_per_tok=6,
+    first_k_dense_replace=1,
+    kv_lora_rank=512,
+    q_lora_rank=None,
+    qk_rope_head_dim=64,
+    qk_nope_head_dim=128,
+    v_head_dim=128,
+    vocab_size=102400,
+    max_position_embeddings=163840,
+    tie_word_embeddings=False,
+)
+QWEN25_VL_7B: dict[str, Any] = dict(
+    text_config=dict(
+        hidden_size=3584,
+        intermediate_size=18944,
+        num_hidden_layers=28,
+        num_attention_heads=28,
+        num_key_value_heads=4,
+        vocab_size=152064,
+        max_position_embeddings=128000,
+        tie_word_embeddings=False,
+        rope_parameters=dict(rope_type="default", rope_theta=1000000.0, mrope_section=[16, 24, 24]),
+    ),
+    vision_config=dict(
+        depth=32,
+        hidden_size=1280,
+        intermediate_size=3420,
+        num_heads=16,
+        out_hidden_size=3584,
+        patch_size=14,
+        spatial_merge_size=2,
+        temporal_patch_size=2,
+        window_size=112,
+        fullatt_block_indexes=[7, 15, 23, 31],
+        tokens_per_second=2,
+    ),
+    tie_word_embeddings=False,
+)
+FROM_TRANSFORMERS: dict[str, tuple[str, dict[str, Any]]] = {
+    "mistralai/Mistral-7B-v0.1": ("MistralConfig", {}),
+    "microsoft/Phi-3-mini-4k-instruct": ("Phi3Config", {}),
+    "Qwen/Qwen1.5-MoE-A2.7B": ("Qwen2MoeConfig", {}),
+    "deepseek-ai/DeepSeek-V2-Lite": ("DeepseekV2Config", DEEPSEEK_V2_LITE),
+    "Qwen/Qwen2.5-VL-7B-Instruct": ("Qwen2_5_VLConfig", QWEN25_VL_7B),
+}
+
+
+def transformers_config(model: str) -> Any:
+    """The transformers config object of a model outside the bundled table."""
+    import transformers
+
+    name, kwargs = FROM_TRANSFORMERS[model]
+    return getattr(transformers, name)(**kwargs)
+
+
+def config_dict(model: str) -> dict[str, Any]:
+    """What the model's config.json holds (as transformers writes it)."""
+    data: dict[str, Any] = transformers_config(model).to_dict()
+    return data
 
 
 # ----------------------------------------------------------------------------------------------- estimate side
@@ -125,10 +231,12 @@ def architecture(model: str) -> Any:
     """The architecture numbers from the bundled table (or a synthetic shape above)."""
     sys.path.insert(0, str(ROOT))
     from verl_safe_launch.context import Architecture
-    from verl_safe_launch.inputs import load_architecture
+    from verl_safe_launch.inputs import from_config_dict, load_architecture
 
     if model in SYNTHETIC:
         return Architecture(name=model, source="synthetic", **SYNTHETIC[model])  # type: ignore[arg-type]
+    if model in FROM_TRANSFORMERS:
+        return from_config_dict(config_dict(model), model, "transformers config class")
 
     arch = load_architecture(model)
     if arch is None:
@@ -141,6 +249,7 @@ def estimate(case: Case, layers: int | None = None) -> tuple[float, float]:
     from verl_safe_launch.memory import Entropy, Pass, pass_peak
 
     arch = architecture(case.model)
+    layers = layers or case.layers
     if layers:
         arch = replace(arch, num_hidden_layers=layers)
     vocab = 1 if case.variant == "value_head" else arch.vocab_size
@@ -175,6 +284,9 @@ def hf_config(arch: Any, layers: int | None = None, vocab: int | None = None) ->
     """A transformers config with the architecture's numbers (attention implementation: the calibration one)."""
     from transformers import AutoConfig
 
+    if arch.name in FROM_TRANSFORMERS:
+        return _own_config(arch.name, layers, vocab)
+
     kwargs = dict(
         hidden_size=arch.hidden_size,
         intermediate_size=arch.intermediate_size,
@@ -196,6 +308,21 @@ def hf_config(arch: Any, layers: int | None = None, vocab: int | None = None) ->
     return cfg
 
 
+def _own_config(model: str, layers: int | None, vocab: int | None) -> Any:
+    """The model's own transformers config, cut to ``layers`` (and ``vocab``) for the trace."""
+    cfg = transformers_config(model)
+    text = getattr(cfg, "text_config", None) or cfg
+    if layers:
+        text.num_hidden_layers = layers
+        if getattr(text, "layer_types", None):
+            text.layer_types = text.layer_types[:layers]
+    if vocab:
+        text.vocab_size = vocab
+    for c in (cfg, text):
+        c._attn_implementation = "calib_sdpa"
+    return cfg
+
+
 def register_attention() -> None:
     """Causal SDPA with native GQA: keeps what flash attention keeps (output and fp32 log-sum-exp)."""
     import torch.nn.functional as F
@@ -203,8 +330,11 @@ def register_attention() -> None:
 
     def calib_sdpa(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, **kw: Any) -> Any:
         scale = kw.get("scaling")
+        width = value.shape[-1]
+        if width != query.shape[-1]:  # MLA: flash attention takes the values padded to the query width
+            value = F.pad(value, [0, query.shape[-1] - width])
         out = F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scale, enable_gqa=True)
-        return out.transpose(1, 2).contiguous(), None
+        return out[..., :width].transpose(1, 2).contiguous(), None
 
     AttentionInterface.register("calib_sdpa", calib_sdpa)
 
@@ -262,7 +392,6 @@ def make_tracker(model: Any, vocab: int) -> Any:
             super().__init__()
             self.param_shapes = {tuple(p.shape) for p in model.parameters()}
             self.backward = False
-            self.after = False  # also sample right after each op, while its inputs are still alive
             self.peak, self.peak_logits, self.logits_live, self.peak_op = 0, 0, 0, ""
 
         def _update_peak_stats(self, peak_state: Any) -> None:  # module-wise peaks are not needed (and slow)
@@ -275,14 +404,15 @@ def make_tracker(model: Any, vocab: int) -> Any:
                     self.peak, self.peak_logits, self.peak_op = cur, self.logits_live, label
 
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            # sampled before each op (frees since the last op are counted) and after it, while the op's inputs
+            # and its output are alive together: an output that lives for one op is part of the peak
             self.sample(str(func))
             res = func(*args, **(kwargs or {}))
             reftype = _MemRefType.TEMP if self.backward else _MemRefType.ACT
             if self.backward and self._weight_grad(res, args, kwargs):
                 reftype = _MemRefType.OTH
             tree_map_only(torch.Tensor, functools.partial(self._track_logits, reftype), res)
-            if self.after:
-                self.sample(f"{func} (output)")
+            self.sample(f"{func} (output)")
             return res
 
         def _track_logits(self, reftype: Any, t: Any) -> None:
@@ -318,18 +448,18 @@ def trace(case: Case, layers: int | None = None, vocab: int | None = None) -> di
 
     register_attention()
     arch = architecture(case.model)
-    cfg = hf_config(arch, layers, vocab)
+    cfg = hf_config(arch, layers or case.layers, vocab)
     start = time.perf_counter()
     with FakeTensorMode():
         model = _build(cfg, case.ckpt, value_head=case.variant == "value_head")
         grad = case.mode == "update"
         model.train(grad)
-        ids = torch.randint(0, cfg.vocab_size, (case.micro, case.seq))
-        tracker = make_tracker(model, -1 if case.variant == "value_head" else cfg.vocab_size)
+        vocab_size = getattr(cfg, "text_config", cfg).vocab_size
+        ids = torch.randint(0, vocab_size, (case.micro, case.seq))
+        tracker = make_tracker(model, -1 if case.variant == "value_head" else vocab_size)
         tracker.track_external(model)
-        tracker.after = case in FEATURE_CASES or case.variant.startswith("no_flash_ce")
         with tracker, torch.set_grad_enabled(grad):
-            loss = _forward(model, ids, case.variant, cfg.vocab_size)
+            loss = _forward(model, ids, case.variant, vocab_size)
             if grad:
                 tracker.backward = True
                 loss.backward()
@@ -345,13 +475,19 @@ def trace(case: Case, layers: int | None = None, vocab: int | None = None) -> di
 def _build(cfg: Any, ckpt: bool, value_head: bool = False) -> Any:
     """The model in bf16; with ``value_head`` the critic's token-classification model with one label."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+    from transformers import (
+        AutoModelForCausalLM,
+        AutoModelForImageTextToText,
+        AutoModelForTokenClassification,
+    )
 
     torch.set_default_dtype(torch.bfloat16)
     try:
         if value_head:
             cfg.num_labels, cfg.classifier_dropout = 1, 0.0
             model = AutoModelForTokenClassification.from_config(cfg)
+        elif getattr(cfg, "vision_config", None) is not None:
+            model = AutoModelForImageTextToText.from_config(cfg)
         else:
             model = AutoModelForCausalLM.from_config(cfg)
     finally:

@@ -133,3 +133,86 @@ def test_parameter_count_agrees_with_transformers() -> None:
         counted = sum(p.numel() for p in model.parameters())
         arch = load_architecture(name)
         assert arch is not None and arch.params == counted, name
+
+
+LATENT_AND_VISION = ("deepseek-ai/DeepSeek-V2-Lite", "Qwen/Qwen2.5-VL-7B-Instruct", "Qwen/Qwen1.5-MoE-A2.7B")
+
+
+def _model_dir(tmp_path: Any, name: str) -> Any:
+    """A model directory whose config.json is what transformers' config class writes for ``name``."""
+    import json
+
+    memory_trace = pytest.importorskip("memory_trace")
+    folder = tmp_path / name.split("/")[-1]
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(memory_trace.config_dict(name)))
+    return folder
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("name", LATENT_AND_VISION)
+def test_latent_attention_and_vision_parameters_agree_with_transformers(name: str, tmp_path: Any) -> None:
+    """MLA projections, the vision tower and Qwen2-MoE's q/k/v biases, counted on the real classes (2 layers)."""
+    import dataclasses
+
+    torch = pytest.importorskip("torch")
+    memory_trace = pytest.importorskip("memory_trace")
+    arch = load_architecture(str(_model_dir(tmp_path, name)))
+    assert arch is not None
+    memory_trace.register_attention()
+    config = memory_trace.hf_config(dataclasses.replace(arch, name=name), layers=2)
+    with torch.device("meta"):
+        model = memory_trace._build(config, ckpt=False)
+    counted = sum(p.numel() for p in model.parameters())
+    assert dataclasses.replace(arch, num_hidden_layers=2).params == counted
+
+
+def test_latent_attention_caches_the_compressed_latent(tmp_path: Any) -> None:
+    """vLLM's MLA backends cache kv_lora_rank + qk_rope_head_dim values per token per layer, on every TP rank."""
+    from verl_safe_launch.memory import kv_bytes_per_token
+
+    arch = load_architecture(str(_model_dir(tmp_path, "deepseek-ai/DeepSeek-V2-Lite")))
+    assert arch is not None and arch.mla
+    assert kv_bytes_per_token(arch, tp=1) == 27 * (512 + 64) * 2 == 31_104
+    assert kv_bytes_per_token(arch, tp=2) == 31_104
+
+
+@pytest.mark.parametrize(
+    ("name", "shown"),
+    [
+        (
+            "deepseek-ai/DeepSeek-V2-Lite",
+            "the rollout caches the latent, 576 values per token per layer (31,104 B",
+        ),
+        (
+            "Qwen/Qwen2.5-VL-7B-Instruct",
+            "vision tower: 0.68B parameters (32 blocks, width 1280) counted with",
+        ),
+    ],
+)
+def test_estimate_shows_latent_attention_and_the_vision_tower(
+    cli: Callable[..., CliResult], tmp_path: Any, name: str, shown: str
+) -> None:
+    folder = _model_dir(tmp_path, name)
+    example = str(EXAMPLES / "grpo_6gpu.yaml")
+    r = cli("estimate", "-c", example, f"actor_rollout_ref.model.path={folder}", "hardware.gpu_memory_gb=80")
+    assert r.code == 0, r.err
+    assert shown in r.out
+
+
+def test_vision_tower_activations_follow_the_image_tokens(tmp_path: Any) -> None:
+    """Checkpointed update: each of the 32 blocks keeps its bf16 input per patch (4 patches per image token),
+    plus the merged embeddings, which the forward also keeps beside the language model's layers."""
+    from dataclasses import replace
+
+    from verl_safe_launch.memory import Pass, pass_peak
+
+    arch = load_architecture(str(_model_dir(tmp_path, "Qwen/Qwen2.5-VL-7B-Instruct")))
+    assert arch is not None and arch.vision is not None
+    update = Pass(tokens=8192, backward=True, vocab=arch.vocab_size)
+    text, images = pass_peak(arch, update), pass_peak(arch, replace(update, image_tokens=4096))
+    assert text.phase == images.phase
+    assert images.activations - text.activations == 4096 * 4 * 32 * 2 * 1280 + 4096 * 2 * 3584
+    forward = Pass(tokens=8192, backward=False, vocab=1)
+    text, images = pass_peak(arch, forward), pass_peak(arch, replace(forward, image_tokens=8192))
+    assert images.activations - text.activations == 8192 * 2 * 3584  # the merged embeddings, beside the layer

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -198,8 +199,13 @@ def test_many_oom_lines_are_counted_up_to_a_limit(tmp_path: Path) -> None:
 
     line = (LOGS / "v1_compute_log_prob.log").read_text().splitlines()
     message = next(text for text in line if "CUDA out of memory" in text)
-    log = tmp_path / "many.log"
-    log.write_text((message + "\n") * (MAX_EVENTS + 50))
+    log = tmp_path / "many.log"  # distinct errors: one printed twice counts once
+    tried = re.compile(r"Tried to allocate [\d.]+ GiB")
+    log.write_text(
+        "".join(
+            tried.sub(f"Tried to allocate {i + 1}.00 MiB", message) + "\n" for i in range(MAX_EVENTS + 50)
+        )
+    )
     assert len(find_ooms(log)) == MAX_EVENTS
 
 
@@ -211,3 +217,88 @@ def test_a_model_outside_the_table_is_named_not_asked_for(cli: Callable[..., Cli
     assert r.code == 0, r.err
     assert f"no architecture for actor_rollout_ref.model.path={model}: no config.json there" in r.out
     assert "pass -c" not in r.out
+
+
+@pytest.mark.parametrize(
+    ("log", "kind", "stage"),
+    [
+        ("vllm_wake_up_cumem.log", "wake-up", "rollout"),
+        ("ray_host_update_actor.log", "host", "actor_update"),
+        ("ray_task_update_actor.log", "ray-task", "actor_update"),
+        ("other_process.log", "torch", "old_log_prob"),
+        ("entropy_update_actor.log", "torch", "actor_update"),
+    ],
+)
+def test_each_failure_pattern_is_one_error_with_its_stage(log: str, kind: str, stage: str) -> None:
+    """The worker's message and Ray's (or the engine's) second print of it are one error."""
+    [event] = find_ooms(LOGS / log)
+    assert (event.kind, event.stage) == (kind, stage)
+
+
+def test_one_error_printed_by_the_worker_and_again_by_the_driver_counts_once(
+    cli: Callable[..., CliResult],
+) -> None:
+    text = (LOGS / "entropy_update_actor.log").read_text()
+    assert text.count("CUDA out of memory.") == 2 and "RayTaskError(OutOfMemoryError)" in text
+    r = cli("oom", str(LOGS / "entropy_update_actor.log"), "-c", EXAMPLE, "--format", "json")
+    assert r.code == 0, r.err
+    assert json.loads(r.out)["errors_found"] == 1
+
+
+def test_wake_up_failure_lowers_the_memory_fraction(cli: Callable[..., CliResult]) -> None:
+    r = cli("oom", str(LOGS / "vllm_wake_up_cumem.log"), "-c", EXAMPLE, "hardware.gpu_memory_gb=80")
+    assert r.code == 0, r.err
+    assert "(the rollout engine waking up)" in r.out.splitlines()[0]
+    assert "paste: actor_rollout_ref.rollout.gpu_memory_utilization=0.4" in r.out
+    assert "still holds one sequence of max_model_len" in r.out  # re-checked: vLLM would still start
+
+
+def test_host_memory_kill_names_the_update_and_host_fixes(cli: Callable[..., CliResult]) -> None:
+    r = cli(
+        "oom",
+        str(LOGS / "ray_host_update_actor.log"),
+        "-c",
+        EXAMPLE,
+        "hardware.gpu_memory_gb=80",
+        "data.dataloader_num_workers=8",
+        "--format",
+        "json",
+    )
+    assert r.code == 0, r.err
+    data = json.loads(r.out)
+    assert data["kind"] == "host" and data["stage"] == "actor update"
+    assert "RAY_memory_usage_threshold" in data["fix"]
+    assert data["paste"] == ["data.dataloader_num_workers=2"]
+    assert all(r["peak_gib"] * 1.1 <= 80 for r in data["remedies"])  # each still fits the GPU
+
+
+def test_ray_task_error_without_torch_line_gets_the_stage_checklist(cli: Callable[..., CliResult]) -> None:
+    r = cli("oom", str(LOGS / "ray_task_update_actor.log"), "-c", EXAMPLE, "hardware.gpu_memory_gb=80")
+    assert r.code == 0, r.err
+    assert r.out.startswith("out of memory in stage actor update (update_actor)")
+    assert "paste: actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=" in r.out
+
+
+def test_another_process_filling_the_gpu_is_the_fix_not_the_batch(cli: Callable[..., CliResult]) -> None:
+    r = cli("oom", str(LOGS / "other_process.log"), "-c", EXAMPLE, "--format", "json")
+    assert r.code == 0, r.err
+    data = json.loads(r.out)
+    assert data["other_processes"] == [{"pid": 2914, "gib": 77.96}]  # not the failing process 3377 itself
+    assert data["remedies"] == [] and data["paste"] == []
+    assert data["fix"].startswith("free GPU 0: process 2914 holds 78.0 GiB, this process only 0.9 GiB")
+
+
+def test_own_process_in_torchs_list_is_not_another_process() -> None:
+    [event] = find_ooms(LOGS / "v1_compute_log_prob.log")
+    assert event.others_gib == ()
+
+
+def test_entropy_failure_pastes_chunking(cli: Callable[..., CliResult]) -> None:
+    r = cli("oom", str(LOGS / "entropy_update_actor.log"), "-c", EXAMPLE, "--format", "json")
+    assert r.code == 0, r.err
+    data = json.loads(r.out)
+    assert data["in_entropy"] and data["stage"] == "actor update"
+    assert data["paste"] == ["actor_rollout_ref.actor.fsdp_config.entropy_from_logits_with_chunking=true"]
+    chunking = data["remedies"][0]
+    assert chunking["freed_gib"] > 0  # applied to the config as run and re-estimated
+    assert all(r["freed_gib"] > 0 for r in data["remedies"])  # entropy_checkpointing only where it frees some

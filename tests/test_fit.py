@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 from conftest import EXAMPLES
+from memory_trace import FAMILY_MODELS
 from test_memory import ARR, context
 
 from verl_safe_launch.context import HardwareFacts
@@ -112,3 +113,46 @@ def test_candidates_are_divisors_or_budget_steps() -> None:
     assert candidates(58, False, 120) == [40, 30, 24, 20, 15, 12, 10, 8, 6, 5, 4, 3, 2, 1]
     assert candidates(1300, True, None) == [1024, 512]
     assert candidates(300, True, None)[:2] == [300, 299]
+
+
+def _model_path(name: str, tmp_path: Path) -> str:
+    """The bundled table's name, or a directory with the config.json transformers writes for the model."""
+    import json
+
+    import memory_trace
+
+    if name not in memory_trace.FROM_TRANSFORMERS:
+        return name
+    folder = tmp_path / name.split("/")[-1]
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(memory_trace.config_dict(name)))
+    return str(folder)
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("name", FAMILY_MODELS)
+def test_fitted_micro_batches_fit_the_traced_peak(name: str, tmp_path: Path) -> None:
+    """--fit's log-prob and update micro batches, with the model's micro-batch part replaced by a fake-tensor
+    trace of that micro batch (two layers traced; the update's other layers add their checkpointed inputs)."""
+    import memory_trace
+
+    path = _model_path(name, tmp_path)
+    # 8k-token sequences, 380 rows per GPU: memory, not the rows, decides the micro batch
+    many = {f"{ARR}.model.path": path, f"{ARR}.rollout.n": 38, "data.max_response_length": 7680}
+    fits = by_key(fit_knobs(context(many)))
+    for key, mode, stage_name in ((LOGPROB, "logprob", "old log-prob"), (ACTOR, "update", "actor update")):
+        value = fits[key].value
+        assert value is not None
+        est = estimate_memory(context({**many, key: value}))
+        stage = est.stage(stage_name)
+        assert stage is not None
+        seq = int(stage.batch.split("×")[1].split()[0]) if "×" in stage.batch else 1536
+        case = memory_trace.Case(name, value, seq, mode, mode == "update", layers=2)
+        traced = memory_trace.trace(case)["traced_total"]
+        arch = memory_trace.architecture(name)
+        traced += (arch.num_hidden_layers - 2) * 2 * arch.hidden_size * case.tokens if mode == "update" else 0
+        micro = dict(stage.phases).get("micro batch", stage.total)
+        peak = micro - stage.batch_gib + traced / (1 << 30)
+        assert peak <= 80, (key, value, peak)

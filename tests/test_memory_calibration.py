@@ -1,9 +1,10 @@
-"""The memory model against a trace of the real transformers modules on fake tensors (one small case).
+"""The memory model against traces of the real transformers modules on fake tensors.
 
-The full grid (three architectures, micro 1/4/8, sequences 512/2048, with and without checkpointing) is
-``bench/calibrate_memory.py`` (both use tests/memory_trace.py); its traced results are kept in
-bench/memory_calibration.json. No GPU is needed:
-the trace runs on CPU fake tensors (bench/gpu_memory_check.py measures the same cases on a real GPU).
+The tracer samples memory after every op (a test below proves a one-op peak is caught). Cached traces, kept in
+bench/memory_calibration.json by ``bench/calibrate_memory.py``: the full-depth grid (Qwen2.5-0.5B/1.5B,
+Llama-3.1-8B, Qwen3-0.6B; micro 1/4/8, sequences 512/2048, with and without checkpointing), the logits variants,
+and eight families at two token counts each (``--families``; Mistral-7B and Phi-3-mini have 32k vocabularies).
+No GPU is needed: the trace runs on CPU fake tensors (bench/gpu_memory_check.py measures on a real GPU).
 """
 
 from __future__ import annotations
@@ -12,6 +13,26 @@ import memory_trace as cm
 import pytest
 
 pytest.importorskip("transformers")
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_tracer_catches_a_peak_that_lives_for_one_op() -> None:
+    """``x = x + 1`` holds the old and the new ``x`` for the length of one op: the peak is two copies, not one."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    n = 1 << 20
+    with FakeTensorMode():
+        model = torch.nn.Linear(4, 4)
+        tracker = cm.make_tracker(model, vocab=-1)
+        tracker.track_external(model)
+        with tracker:
+            x = torch.ones(n)
+            for _ in range(3):
+                x = x + 1
+            tracker.sample("end")
+    assert tracker.peak == 2 * 4 * n
+    assert tracker.peak_op.endswith("(output)")
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")

@@ -140,8 +140,8 @@ def test_gemma_softcapping_makes_another_logits_copy() -> None:
 def test_an_untraced_family_gets_no_fits_while_its_band_straddles_the_gpu(tmp_path: Path) -> None:
     from verl_safe_launch.memory import memory_findings
 
-    shape = {  # a phi3-typed config.json: a family no trace has measured
-        "model_type": "phi3",
+    shape = {  # an olmo2-typed config.json: a family no trace has measured
+        "model_type": "olmo2",
         "hidden_size": 3072,
         "num_hidden_layers": 32,
         "num_attention_heads": 32,
@@ -151,7 +151,7 @@ def test_an_untraced_family_gets_no_fits_while_its_band_straddles_the_gpu(tmp_pa
     }
     (tmp_path / "config.json").write_text(json.dumps(shape))
     ctx = context({f"{ARR}.model.path": str(tmp_path)}, True)
-    assert ctx.actor_arch is not None and ctx.actor_arch.model_type == "phi3"
+    assert ctx.actor_arch is not None and ctx.actor_arch.model_type == "olmo2"
     stage = estimate_memory(ctx).stage("old log-prob")
     assert stage is not None
     checks = ((stage.total * 1.02, "unverified"), (stage.high + 1, "fits"), (stage.low - 1, "out of memory"))
@@ -159,10 +159,21 @@ def test_an_untraced_family_gets_no_fits_while_its_band_straddles_the_gpu(tmp_pa
         hw = HardwareFacts(gpu_memory_gb=gpu, flash_attn=True)
         judged = estimate_memory(RuleContext(ctx.view, ctx.actor_arch, None, hw)).stage("old log-prob")
         assert judged is not None and judged.verdict == verdict, gpu
+        assert judged.verdict_text == f"{verdict} (family not traced)"  # every verdict says so
     hw = HardwareFacts(gpu_memory_gb=stage.total * 1.02, flash_attn=True)
     found = memory_findings(RuleContext(ctx.view, ctx.actor_arch, None, hw))
     assert any(
-        f.rule_id == "memory-stage-unverified" and "'phi3' has not been traced" in f.message for f in found
+        f.rule_id == "memory-stage-unverified" and "'olmo2' has not been traced" in f.message for f in found
+    )
+    roomy = HardwareFacts(gpu_memory_gb=stage.high * 4, flash_attn=True)
+    found = memory_findings(RuleContext(ctx.view, ctx.actor_arch, None, roomy))
+    untraced = [f for f in found if f.rule_id == "memory-family-untraced"]
+    assert len(untraced) == 1 and "old log-prob fits" in untraced[0].message
+    low = HardwareFacts(gpu_memory_gb=stage.low - 1, flash_attn=True)
+    found = memory_findings(RuleContext(ctx.view, ctx.actor_arch, None, low))
+    assert any(
+        f.rule_id == "memory-stage-out-of-memory" and "'olmo2' has not been traced" in f.message
+        for f in found
     )
 
 

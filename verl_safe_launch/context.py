@@ -8,6 +8,40 @@ from verl_safe_launch.config_view import ConfigView
 
 
 @dataclass(frozen=True)
+class VisionTower:
+    """A vision-language model's vision encoder (Qwen2/2.5-VL's ``vision_config``): patches in, merged tokens out."""
+
+    depth: int
+    hidden_size: int
+    intermediate_size: int
+    out_hidden_size: int
+    patch_size: int = 14
+    temporal_patch_size: int = 2
+    spatial_merge_size: int = 2
+    in_channels: int = 3
+
+    @property
+    def merge(self) -> int:
+        """Patches merged into one language-model token."""
+        return self.spatial_merge_size**2
+
+    @property
+    def block_params(self) -> int:
+        """One vision block: two norms, fused qkv and projection with biases, the gated MLP with biases."""
+        hv, fv = self.hidden_size, self.intermediate_size
+        mlp = 3 * hv * fv + 2 * fv + hv
+        return 2 * hv + 3 * hv * hv + 3 * hv + hv * hv + hv + mlp
+
+    @property
+    def params(self) -> int:
+        """Patch embedding, the blocks, and the merger into the language model's width."""
+        hv, wide = self.hidden_size, self.hidden_size * self.merge
+        embed = self.in_channels * self.temporal_patch_size * self.patch_size**2 * hv
+        merger = hv + wide * wide + wide + wide * self.out_hidden_size + self.out_hidden_size
+        return embed + self.depth * self.block_params + merger
+
+
+@dataclass(frozen=True)
 class Architecture:
     """The config.json numbers the pre-flight and the memory model need."""
 
@@ -32,6 +66,31 @@ class Architecture:
     first_k_dense_layers: int = 0
     final_logit_softcapping: float = 0.0
     sliding_window: int = 0
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    qk_nope_head_dim: int = 0
+    v_head_dim: int = 0
+    vision: VisionTower | None = None
+
+    @property
+    def mla(self) -> bool:
+        """Multi-head latent attention (DeepSeek-V2/V3): keys and values pass through a compressed latent."""
+        return self.kv_lora_rank > 0
+
+    @property
+    def q_width(self) -> int:
+        """Width of the queries of all heads (MLA: no-position plus rotary part per head)."""
+        if self.mla:
+            return self.num_attention_heads * (self.qk_nope_head_dim + self.qk_rope_head_dim)
+        return self.num_attention_heads * self.head_dim
+
+    @property
+    def kv_width(self) -> int:
+        """Width of the keys of all KV heads (MLA: every head's key, expanded from the latent)."""
+        if self.mla:
+            return self.num_attention_heads * (self.qk_nope_head_dim + self.qk_rope_head_dim)
+        return self.num_key_value_heads * self.head_dim
 
     @property
     def expert_intermediate_size(self) -> int:
@@ -49,12 +108,22 @@ class Architecture:
         routed = self.expert_intermediate_size * max(1, self.num_experts_per_tok)
         return routed + self.shared_expert_intermediate_size
 
+    def _mla_params(self) -> int:
+        h, a, rank = self.hidden_size, self.num_attention_heads, self.q_lora_rank
+        qk = self.qk_nope_head_dim + self.qk_rope_head_dim
+        q = h * rank + rank + rank * a * qk if rank else h * a * qk
+        kv = h * (self.kv_lora_rank + self.qk_rope_head_dim) + self.kv_lora_rank
+        kv += self.kv_lora_rank * a * (self.qk_nope_head_dim + self.v_head_dim)
+        return q + kv + a * self.v_head_dim * h
+
     def _attention_params(self) -> int:
+        if self.mla:
+            return self._mla_params()
         h = self.hidden_size
         q = self.num_attention_heads * self.head_dim
         kv = self.num_key_value_heads * self.head_dim
         attn = h * q + 2 * h * kv + q * h
-        if self.attention_bias or self.model_type == "qwen2":
+        if self.attention_bias or self.model_type.startswith("qwen2"):
             attn += q + 2 * kv
         if self.model_type in ("qwen3", "qwen3_moe", "gemma3", "gemma3_text"):
             attn += 2 * self.head_dim
@@ -77,7 +146,7 @@ class Architecture:
         )
         layers += self.moe_layers * self._moe_mlp_params()
         embed = v * h * (1 if self.tie_word_embeddings else 2)
-        return layers + embed + h
+        return layers + embed + h + (self.vision.params if self.vision else 0)
 
 
 @dataclass(frozen=True)

@@ -112,7 +112,7 @@ def table(est: MemoryEstimate) -> list[str]:
             *(_cell(s.get(c)) for c in cols),
             f"{s.total:.1f}",
             f"{s.low:.1f}–{s.high:.1f}",
-            s.verdict or "no GPU size",
+            s.verdict_text or "no GPU size",
         )
         for s in est.stages
     ]
@@ -177,6 +177,7 @@ def _stage_json(s: StageEstimate) -> dict[str, Any]:
         "total_gib": round(s.total, 3),
         "band_gib": [round(s.low, 3), round(s.high, 3)],
         "verdict": s.verdict,
+        "traced": s.traced,
         "phase": s.phase,
         "batch": s.batch,
         "knob": s.knob,

@@ -39,8 +39,9 @@ def main(args: Sequence[str], offset: int) -> int:
     """Run ``oom``."""
     parser = make_parser(
         "oom",
-        "Find the CUDA out-of-memory error (or the rollout engine's KV-cache failure) in a log, name the stage "
-        "and the knob that drives it, and print the fixes as overrides ranked by how much memory each frees.",
+        "Find the CUDA out-of-memory error (or the rollout engine's KV-cache or wake-up failure, Ray's host-memory "
+        "kill) in a log, name the stage and the knob that drives it, and print the fixes as overrides ranked by "
+        "how much memory each frees (or the fix outside the run, when another process fills the GPU).",
         EXAMPLES,
     )
     parser.add_argument("path", metavar="PATH", help="a verl/Ray log file or a run directory")

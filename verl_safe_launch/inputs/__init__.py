@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from verl_safe_launch.inputs.architecture import load_architecture, local_architectures
+from verl_safe_launch.inputs.architecture import from_config_dict, load_architecture, local_architectures
 from verl_safe_launch.inputs.hardware import (
     DETECT_ENV,
     GPU_KEYS,
@@ -77,6 +77,7 @@ __all__ = [
     "describe_need",
     "detect_hardware",
     "display_path",
+    "from_config_dict",
     "hardware_fills",
     "hardware_findings",
     "key_facts",

@@ -9,13 +9,14 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from verl_safe_launch.context import Architecture
+from verl_safe_launch.context import Architecture, VisionTower
 from verl_safe_launch.errors import InputError
 from verl_safe_launch.files import MAX_INPUT_BYTES, read_input
 
 
 def from_config_dict(data: dict[str, Any], name: str, source: str) -> Architecture:
     """Build an Architecture from a config.json mapping (text-config nested under ``text_config`` too)."""
+    vision = _vision_tower(data.get("vision_config"))
     if "hidden_size" not in data and isinstance(data.get("text_config"), dict):
         data = {**data, **data["text_config"]}
     heads = int(data["num_attention_heads"])
@@ -36,7 +37,39 @@ def from_config_dict(data: dict[str, Any], name: str, source: str) -> Architectu
         attention_bias=bool(data.get("attention_bias", False)),
         final_logit_softcapping=float(data.get("final_logit_softcapping") or 0.0),
         sliding_window=_sliding_window(data),
+        vision=vision,
         **_moe_fields(data),
+        **_mla_fields(data),
+    )
+
+
+MLA_KEYS = ("q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
+
+
+def _mla_fields(data: dict[str, Any]) -> dict[str, Any]:
+    """Multi-head latent attention ranks and head widths (DeepSeek-V2/V3); empty without ``kv_lora_rank``."""
+    if not _first_int(data, ("kv_lora_rank",)):
+        return {}
+    return {key: _first_int(data, (key,)) for key in MLA_KEYS}
+
+
+VISION_KEYS = ("depth", "hidden_size", "out_hidden_size")
+
+
+def _vision_tower(data: object) -> VisionTower | None:
+    """The vision encoder of a Qwen2.5-VL-style ``vision_config`` (None when absent or not that shape)."""
+    if not isinstance(data, dict) or not all(_first_int(data, (k,)) for k in VISION_KEYS):
+        return None
+    hidden = _first_int(data, ("hidden_size",))
+    return VisionTower(
+        depth=_first_int(data, ("depth",)),
+        hidden_size=hidden,
+        intermediate_size=_first_int(data, ("intermediate_size",)) or 4 * hidden,
+        out_hidden_size=_first_int(data, ("out_hidden_size", "hidden_size")),
+        patch_size=_first_int(data, ("patch_size", "spatial_patch_size")) or 14,
+        temporal_patch_size=_first_int(data, ("temporal_patch_size",)) or 2,
+        spatial_merge_size=_first_int(data, ("spatial_merge_size",)) or 2,
+        in_channels=_first_int(data, ("in_channels", "in_chans")) or 3,
     )
 
 

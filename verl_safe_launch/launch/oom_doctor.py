@@ -10,7 +10,7 @@ from typing import Any
 from verl_safe_launch.config_view import ARR, format_value
 from verl_safe_launch.context import RuleContext
 from verl_safe_launch.launch.hook_stages import STAGE_BY_NAME
-from verl_safe_launch.launch.oom_log import ROLLOUT, OomEvent
+from verl_safe_launch.launch.oom_log import HOST, KV_CACHE, RAY_TASK_KIND, ROLLOUT, WAKE_UP, OomEvent
 from verl_safe_launch.launch.postmortem import ESTIMATOR_STAGE, MARGIN
 from verl_safe_launch.memory import StageEstimate, estimate_memory, fit_knobs
 from verl_safe_launch.provenance import Layer
@@ -23,6 +23,11 @@ MAX_MODEL_LEN = f"{ARR}.rollout.max_model_len"
 OFFLOAD = (f"{ARR}.actor.fsdp_config.param_offload", f"{ARR}.actor.fsdp_config.optimizer_offload")
 CHECKPOINTING = f"{ARR}.model.enable_gradient_checkpointing"
 CHUNKING = f"{ARR}.actor.fsdp_config.entropy_from_logits_with_chunking"
+ENTROPY_CHECKPOINTING = f"{ARR}.actor.fsdp_config.entropy_checkpointing"
+DATALOADER = "data.dataloader_num_workers"
+ENTROPY_ON = f"{ARR}.actor.calculate_entropy"
+ENTROPY_COEFF = f"{ARR}.actor.entropy_coeff"
+COMPILE = f"{ARR}.actor.fsdp_config.use_torch_compile"
 RESPONSE = "data.max_response_length"
 MIN_FREED_GIB = 0.05
 MAX_FIT_TRIES = 12
@@ -51,6 +56,8 @@ class Diagnosis:
     scale: float
     remedies: tuple[Remedy, ...]
     notes: tuple[str, ...]
+    fix: str = ""
+    """A fix outside the run's config (another process holds the GPU), printed instead of a checklist."""
 
 
 def measured_gib(event: OomEvent, record: Mapping[str, Any] | None) -> float | None:
@@ -76,13 +83,23 @@ def _stage(ctx: RuleContext, name: str) -> StageEstimate | None:
 
 def diagnose(event: OomEvent, ctx: RuleContext, record: Mapping[str, Any] | None = None) -> Diagnosis:
     """The stage, its knob, the model scaled to the measurement, and the checklist ranked by memory freed."""
-    ctx = with_gpu(ctx, event)
+    ctx, notes = as_run(with_gpu(ctx, event), event)
     name = ESTIMATOR_STAGE.get(event.stage or "", ROLLOUT if event.stage == ROLLOUT else "")
     before = _stage(ctx, name) if name else None
-    notes: list[str] = []
+    if event.kind == RAY_TASK_KIND:
+        notes.append("torch's message is in the worker's log: pass the run directory to measure the failure")
+    if event.other_process_gib > (event.in_use_gib or 0.0):
+        return _other_process(event, name, before)
     if before is None:
         notes.append(_unknown_stage(event, ctx))
         return Diagnosis(event, name or None, None, None, None, 1.0, (), tuple(notes))
+    if event.kind == HOST:
+        fix = (
+            "host RAM per node: apply the checklist, or give the node more memory; Ray kills the newest worker "
+            "above RAY_memory_usage_threshold (0.95 of host memory by default)"
+        )
+        remedies = _host_remedies(ctx, name)
+        return Diagnosis(event, name, None, None, before.total, 1.0, remedies, tuple(notes), fix)
     measured = measured_gib(event, record)
     scale = 1.0
     micro = _micro_total(before)
@@ -94,14 +111,98 @@ def diagnose(event: OomEvent, ctx: RuleContext, record: Mapping[str, Any] | None
         )
     if scale > FAR_SCALE:
         notes.append(f"×{scale:.1f} is far from 1: is the config given the one the run used?")
-    knob = before.knob or _hook_knob(event, ctx)
-    if event.kind == "kv-cache":
-        knob = UTIL
-    remedies = (
-        _kv_remedies(ctx, before) if event.kind == "kv-cache" else _remedies(ctx, name, before, scale, knob)
-    )
+    knob = UTIL if event.kind in (KV_CACHE, WAKE_UP) else before.knob or _hook_knob(event, ctx)
+    if event.kind == KV_CACHE:
+        remedies = _kv_remedies(ctx, before)
+    elif event.kind == WAKE_UP:
+        remedies = _wake_remedies(ctx, before)
+    else:
+        remedies = _remedies(ctx, name, before, scale, knob, event.in_entropy)
     value = ctx.view.get(knob) if knob else None
     return Diagnosis(event, name, knob, value, before.total, scale, remedies, tuple(notes))
+
+
+def as_run(ctx: RuleContext, event: OomEvent) -> tuple[RuleContext, list[str]]:
+    """The config as the log shows it ran: a failure inside entropy_from_logits means the entropy was computed,
+    over the full-vocabulary logits (not compiled away), whatever the config given says."""
+    if not event.in_entropy:
+        return ctx, []
+    view = ctx.view
+    changes: dict[str, object] = {}
+    if view.get(ENTROPY_ON) is not True and view.get(ENTROPY_COEFF) in (0, 0.0, None):
+        changes[ENTROPY_ON] = True
+    if view.get(COMPILE) is not False and view.get(CHUNKING) is not True:
+        changes[COMPILE] = False
+    if not changes:
+        return ctx, []
+    shown = ", ".join(f"{k}={format_value(v)}" for k, v in changes.items())
+    note = f"the traceback runs through entropy_from_logits over the full-vocabulary logits: estimated as run ({shown})"
+    return dataclasses.replace(ctx, view=with_values(view, changes)), [note]
+
+
+def _other_process(event: OomEvent, name: str, before: StageEstimate | None) -> Diagnosis:
+    """Another process holds most of the GPU: no change to this run frees that memory."""
+    held = ", ".join(f"process {pid} holds {gib:.1f} GiB" for pid, gib in event.others_gib)
+    fix = (
+        f"free GPU {event.gpu}: {held}, this process only {event.in_use_gib or 0.0:.1f} GiB. Stop the other "
+        "process (nvidia-smi lists it; often an earlier run's trainer or vLLM server still alive) or run on "
+        "other GPUs (CUDA_VISIBLE_DEVICES); shrinking this run's batches would not help"
+    )
+    estimated = before.total if before else None
+    return Diagnosis(event, name or None, None, None, estimated, 1.0, (), (), fix)
+
+
+def _wake_remedies(ctx: RuleContext, before: StageEstimate) -> tuple[Remedy, ...]:
+    """vLLM maps its share back at wake-up beside what training still holds: a smaller share, checked to keep
+    room for one sequence of max_model_len in the KV cache."""
+    util = ctx.view.get(UTIL)
+    if not isinstance(util, int | float) or isinstance(util, bool) or util <= 0.2:
+        return ()
+    out: list[Remedy] = []
+    for step in (0.1, 0.2, 0.3):
+        lower = round(float(util) - step, 2)
+        if lower < 0.1:
+            break
+        after = estimate_memory(
+            dataclasses.replace(ctx, view=with_values(ctx.view, {UTIL: lower})), margin=MARGIN
+        )
+        stage, rollout = after.stage(ROLLOUT), after.rollout
+        if stage is None or rollout is None or (rollout.capacity_tokens or 0) < rollout.max_model_len:
+            break
+        why = (
+            f"vLLM re-maps gpu_memory_utilization × the GPU at wake-up; KV cache ~{rollout.capacity_tokens} tokens "
+            f"still holds one sequence of max_model_len {rollout.max_model_len}"
+        )
+        out.append(Remedy((_override(ctx, UTIL, lower),), before.total - stage.total, stage.total, why))
+    return tuple(out)
+
+
+def _host_remedies(ctx: RuleContext, name: str) -> tuple[Remedy, ...]:
+    """Host RAM ran out: changes that free host memory per node, each checked to still fit the GPU."""
+    est = estimate_memory(ctx, margin=MARGIN)
+    gpu = ctx.hardware.gpu_memory_gb
+    if est.host is None or gpu is None:
+        return ()
+    changes: list[tuple[Change, str]] = [
+        ({OFFLOAD[1]: False}, "keep the optimizer states on the GPU instead of host memory"),
+        ({OFFLOAD[0]: False}, "keep the parameters on the GPU instead of host memory"),
+    ]
+    workers = ctx.view.get(DATALOADER)
+    if isinstance(workers, int) and workers > 2:
+        changes.append(({DATALOADER: 2}, "fewer dataloader processes"))
+    out: list[Remedy] = []
+    for change, why in changes:
+        if all(ctx.view.get(k) == v for k, v in change.items()):
+            continue
+        after = estimate_memory(dataclasses.replace(ctx, view=with_values(ctx.view, change)), margin=MARGIN)
+        peak = max((s.total for s in after.stages), default=0.0)
+        freed = est.host.total - (after.host.total if after.host else est.host.total)
+        if freed >= MIN_FREED_GIB and peak * (1 + MARGIN) <= gpu:
+            overrides = tuple(_override(ctx, k, v) for k, v in change.items())
+            out.append(
+                Remedy(overrides, freed, peak, why + f" (host RAM per node, GPU peak ~{peak:.1f} GiB)")
+            )
+    return tuple(sorted(out, key=lambda r: -r.freed_gib))
 
 
 def _micro_total(stage: StageEstimate) -> float:
@@ -144,14 +245,14 @@ Change = Mapping[str, object]
 
 
 def _remedies(
-    ctx: RuleContext, name: str, before: StageEstimate, scale: float, knob: str | None
+    ctx: RuleContext, name: str, before: StageEstimate, scale: float, knob: str | None, entropy: bool = False
 ) -> tuple[Remedy, ...]:
     start = scaled(before, scale)
     found: list[Remedy] = []
     fitted = _fitted(ctx, name, scale, knob, start)
     if fitted is not None:
         found.append(fitted)
-    for changes, why in _candidates(ctx, name):
+    for changes, why in _candidates(ctx, name, entropy):
         after = _stage_after(ctx, name, changes)
         if after is None:
             continue
@@ -159,7 +260,14 @@ def _remedies(
         if start - peak >= MIN_FREED_GIB:
             overrides = tuple(_override(ctx, k, v) for k, v in changes.items())
             found.append(Remedy(overrides, start - peak, peak, why))
-    return tuple(sorted(found, key=lambda r: -r.freed_gib))
+    ranked = sorted(found, key=lambda r: -r.freed_gib)
+    if entropy:  # the failure is in the entropy over the logits: its own switches come first
+        ranked.sort(key=lambda r: not any(_entropy_key(o) for o in r.overrides))
+    return tuple(ranked)
+
+
+def _entropy_key(override: str) -> bool:
+    return override.lstrip("+").startswith((CHUNKING + "=", ENTROPY_CHECKPOINTING + "="))
 
 
 def _stage_after(ctx: RuleContext, name: str, changes: Change) -> StageEstimate | None:
@@ -231,10 +339,12 @@ def _kv_remedies(ctx: RuleContext, before: StageEstimate) -> tuple[Remedy, ...]:
     return tuple(out)
 
 
-def _candidates(ctx: RuleContext, name: str) -> list[tuple[Change, str]]:
+def _candidates(ctx: RuleContext, name: str, entropy: bool = False) -> list[tuple[Change, str]]:
     """The article's checklist as changes to this config (only those that change something)."""
     view = ctx.view
     out: list[tuple[Change, str]] = []
+    if entropy and name == "actor update" and view.get(ENTROPY_CHECKPOINTING) is not True:
+        out.append(({ENTROPY_CHECKPOINTING: True}, "recompute the entropy in backward instead of keeping it"))
     if not all(view.get(k) is True for k in OFFLOAD):
         out.append(({k: True for k in OFFLOAD}, "keep the actor's parameters and optimizer in CPU memory"))
     if view.get(CHECKPOINTING) is False:
@@ -268,23 +378,35 @@ def render_diagnosis(d: Diagnosis) -> str:
     e = d.event
     where = f" ({e.method})" if e.method else ""
     lines = [f"out of memory in stage {d.stage or e.stage or 'unknown'}{where} at {e.where}"]
-    if e.kind == "kv-cache":
+    if e.kind == KV_CACHE:
         lines[0] += " (the rollout engine's KV cache)"
+    elif e.kind == WAKE_UP:
+        lines[0] += " (the rollout engine waking up)"
+    elif e.kind == HOST:
+        lines[0] += " (host memory)"
     if e.kind == "torch":
         lines.append(
             f"  torch: tried to allocate {e.tried_gib:g} GiB on GPU {e.gpu}; {e.total_gib:g} GiB total, "
             f"{e.free_gib:g} GiB free"
             + (f", this process {e.in_use_gib:g} GiB in use" if e.in_use_gib else "")
+            + "".join(f", process {pid} {gib:g} GiB" for pid, gib in e.others_gib)
         )
+        if e.in_entropy:
+            lines.append("  in verl's entropy_from_logits: the entropy over the full-vocabulary logits")
     else:
         lines.append(f"  {e.detail}")
         lines.append(f"  log: {e.line[-200:]}")
     if d.knob:
         lines.append(f"  knob: {d.knob} = {format_value(d.knob_value)}")
     lines += [f"  note: {n}" for n in d.notes]
+    if d.fix:
+        lines.append(f"fix: {d.fix}")
     if d.remedies:
-        order = "in order" if e.kind == "kv-cache" else "most memory freed first"
-        lines.append(f"checklist ({order}; the stage's estimated peak after each change):")
+        order = {KV_CACHE: "in order", WAKE_UP: "in order", HOST: "host memory freed first"}
+        order_text = order.get(
+            e.kind, "the entropy's own switches first" if e.in_entropy else "most memory freed first"
+        )
+        lines.append(f"checklist ({order_text}; the stage's estimated peak after each change):")
         for i, r in enumerate(d.remedies, 1):
             lines.append(f"  {i}. {' '.join(r.overrides)}")
             effect = (
@@ -296,7 +418,10 @@ def render_diagnosis(d: Diagnosis) -> str:
 
 
 def paste(d: Diagnosis) -> Remedy:
-    """The remedy to paste: the stage's own knob when it has one (nothing else about the run changes)."""
+    """The remedy to paste: the entropy's switch when the failure is in the entropy, else the stage's own knob
+    when it has one (nothing else about the run changes)."""
+    if d.event.in_entropy and any(_entropy_key(r.overrides[0]) for r in d.remedies):
+        return d.remedies[0]
     own = [r for r in d.remedies if d.knob and r.overrides[0].lstrip("+").startswith(d.knob + "=")]
     return own[0] if own else d.remedies[0]
 
@@ -330,5 +455,8 @@ def diagnosis_json(d: Diagnosis) -> dict[str, Any]:
             for r in d.remedies
         ],
         "notes": list(d.notes),
+        "fix": d.fix or None,
+        "in_entropy": e.in_entropy,
+        "other_processes": [{"pid": pid, "gib": gib} for pid, gib in e.others_gib],
         "paste": list(paste(d).overrides) if d.remedies else [],
     }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
@@ -23,23 +24,52 @@ TORCH_OOM_OLD = re.compile(
     r"(?P<total>[\d.]+) (?P<xu>[GMK]iB) total capacity; (?P<used>[\d.]+) (?P<uu>[GMK]iB) already allocated; "
     r"(?P<free>[\d.]+) (?P<fu>[GMK]iB) free"
 )
-# The inference engine could not place its KV cache (these stop the rollout server from starting).
-ENGINE_ERRORS: tuple[tuple[re.Pattern[str], str], ...] = (
-    (re.compile(r"No available memory for the cache blocks"), "vLLM found no memory left for the KV cache"),
+# "Process 4711 has 77.91 GiB memory in use": another process on the same GPU (torch lists each one it sees).
+OTHER_PROCESS = re.compile(r"Process (?P<pid>\d+) has (?P<used>[\d.]+) (?P<uu>[GMK]iB) memory in use")
+KV_CACHE, WAKE_UP, HOST, RAY_TASK_KIND = "kv-cache", "wake-up", "host", "ray-task"
+# The inference engine could not place its KV cache (these stop the rollout server from starting), or could not
+# map its memory back when it woke up for the next rollout.
+ENGINE_ERRORS: tuple[tuple[re.Pattern[str], str, str], ...] = (
+    (
+        re.compile(r"No available memory for the cache blocks"),
+        "vLLM found no memory left for the KV cache",
+        KV_CACHE,
+    ),
     (
         re.compile(r"To serve at least one request with the models?'?s max seq len \((?P<len>\d+)\)"),
         "vLLM's KV cache is smaller than one sequence of max_model_len",
+        KV_CACHE,
     ),
     (
         re.compile(r"Free memory on device .* is less than desired GPU memory utilization"),
         "vLLM found less free memory than gpu_memory_utilization asks for (the trainer still holds some)",
+        KV_CACHE,
     ),
     (
         re.compile(r"Not enough memory\. Please try to increase --mem-fraction-static"),
         "SGLang's KV-cache pool does not fit in its memory fraction",
+        KV_CACHE,
     ),
-    (re.compile(r"KV cache pool .*(?:too small|not enough)", re.I), "SGLang's KV-cache pool is too small"),
+    (
+        re.compile(r"KV cache pool .*(?:too small|not enough)", re.I),
+        "SGLang's KV-cache pool is too small",
+        KV_CACHE,
+    ),
+    (
+        re.compile(r"CUDA Error: out of memory at \S*cumem_allocator\.cpp"),
+        "vLLM could not map its memory back at wake-up (cumem_allocator): its gpu_memory_utilization share and "
+        "what the trainer still holds do not fit the GPU together",
+        WAKE_UP,
+    ),
 )
+# Ray's memory monitor killed a worker: the node's host memory ran out, not the GPU's.
+RAY_HOST_OOM = re.compile(
+    r"ray\.exceptions\.OutOfMemoryError: Task was killed due to the node running low on memory"
+)
+# A worker's out-of-memory error re-raised by Ray in the driver (torch's own message is in the worker's log).
+RAY_TASK_OOM = re.compile(r"RayTaskError\(OutOfMemoryError\): ray::")
+ENTROPY_FRAMES = ("entropy_from_logits",)
+LOOKAHEAD = 40  # lines below Ray's host-memory error that list the workers it killed
 ROLLOUT = "rollout"
 # Method names of verl's legacy fsdp_workers / dp_actor path that the hook table (V1 engine_workers) does not list.
 LEGACY_METHODS = {
@@ -50,14 +80,16 @@ LEGACY_METHODS = {
 }
 ROLLOUT_PATHS = ("vllm/", "sglang/", "EngineCore", "vllm_rollout", "sglang_rollout")
 FRAME = re.compile(r'File "(?P<file>[^"]+)", line \d+, in (?P<func>\w+)')
-RAY_TASK = re.compile(r"ray::[\w.]*?\.(?P<func>\w+)\(")
+RAY_TASK = re.compile(
+    r"ray::[\w.]*?\.(?P<func>\w+)(?:\(|\s*$)"
+)  # a task error, or Ray's list of memory users
 LOOKBACK = 400  # traceback lines searched above the error
 FRAME_CHARS = 2048  # of each of those lines
 LOG_SUFFIXES = (".log", ".out", ".err", ".txt")
 MAX_LINE = 64 << 10
 """Bytes of one log line matched at once; a longer line is read (and matched) in pieces of this size."""
 MAX_EVENTS = 1000
-"""Out-of-memory errors kept from the logs (the first is diagnosed; the rest are counted up to this)."""
+"""Distinct out-of-memory errors kept from the logs (the first is diagnosed; the rest are counted up to this)."""
 UNITS = {"GiB": 1.0, "MiB": 1 / 1024, "KiB": 1 / (1 << 20)}
 
 
@@ -76,6 +108,28 @@ class OomEvent:
     free_gib: float | None = None
     in_use_gib: float | None = None
     detail: str = ""
+    others_gib: tuple[tuple[int, float], ...] = ()
+    """Other processes on the same GPU and what each holds (torch's "Process N has X GiB memory in use")."""
+    in_entropy: bool = False
+    """The traceback runs through verl's entropy_from_logits."""
+
+    @property
+    def other_process_gib(self) -> float:
+        """What other processes held on the GPU when this one failed."""
+        return sum(gib for _, gib in self.others_gib)
+
+    @property
+    def signature(self) -> tuple[object, ...]:
+        """What identifies the error itself: the same error printed twice (worker and driver) matches."""
+        return (
+            self.kind,
+            self.tried_gib,
+            self.gpu,
+            self.total_gib,
+            self.free_gib,
+            self.in_use_gib,
+            self.detail,
+        )
 
     @property
     def needed_gib(self) -> float | None:
@@ -108,6 +162,9 @@ def _torch_event(match: re.Match[str], where: str, line: str) -> OomEvent:
         total_gib=_gib(g["total"], g["xu"]),
         free_gib=_gib(g["free"], g["fu"]),
         in_use_gib=_gib(g.get("used"), g.get("uu")),
+        others_gib=tuple(
+            (int(m["pid"]), _gib(m["used"], m["uu"]) or 0.0) for m in OTHER_PROCESS.finditer(line)
+        ),
     )
 
 
@@ -116,9 +173,15 @@ def _match(line: str, where: str) -> OomEvent | None:
         found = pattern.search(line)
         if found:
             return _torch_event(found, where, line)
-    for pattern, detail in ENGINE_ERRORS:
+    for pattern, detail, kind in ENGINE_ERRORS:
         if pattern.search(line):
-            return OomEvent(where, line.strip(), "kv-cache", ROLLOUT, None, detail=detail)
+            return OomEvent(where, line.strip(), kind, ROLLOUT, None, detail=detail)
+    if RAY_HOST_OOM.search(line):
+        detail = "Ray's memory monitor killed a worker: the node's host memory ran out (not the GPU's)"
+        return OomEvent(where, line.strip(), HOST, None, None, detail=detail)
+    if RAY_TASK_OOM.search(line):
+        detail = "a worker ran out of memory; torch's message is in that worker's log (ray/logs/worker-*.err)"
+        return OomEvent(where, line.strip(), RAY_TASK_KIND, None, None, detail=detail)
     return None
 
 
@@ -139,21 +202,90 @@ def stage_of(lines: Sequence[str]) -> tuple[str | None, str | None]:
     return (ROLLOUT, None) if in_engine else (None, None)
 
 
-def scan_lines(lines: Iterable[str], label: str) -> Iterator[OomEvent]:
-    """Every out-of-memory error in a stream of log lines, with its stage from the lines above it.
+def scan_lines(lines: Iterable[str], label: str) -> list[OomEvent]:
+    """Every distinct out-of-memory error in a stream of log lines, with its stage from the lines around it."""
+    return distinct(_scan(lines, label))
 
-    Only the last ``LOOKBACK`` lines are held: a log of any size is read in bounded memory.
-    """
+
+@dataclass
+class _Pending:
+    event: OomEvent
+    above: list[str]
+    below: list[str]
+
+
+def _scan(lines: Iterable[str], label: str) -> Iterator[OomEvent]:
+    """The errors in file order. Only the last ``LOOKBACK`` lines, and the ``LOOKAHEAD`` lines below a
+    host-memory error, are held: a log of any size is read in bounded memory."""
     window: deque[str] = deque(maxlen=LOOKBACK + 1)
+    pending: deque[_Pending] = deque()
     for index, line in enumerate(lines):
         window.append(line[:FRAME_CHARS])
+        for waiting in pending:
+            if len(waiting.below) < LOOKAHEAD - 1:
+                waiting.below.append(line[:FRAME_CHARS])
+        while pending and len(pending[0].below) >= LOOKAHEAD - 1:
+            yield _complete(pending.popleft())
         event = _match(line, f"{label}:{index + 1}")
         if event is None:
             continue
-        if event.stage is None:
-            stage, method = stage_of(list(window))
-            event = OomEvent(**{**event.__dict__, "stage": stage, "method": method})
-        yield event
+        found = _Pending(event, list(window), [])
+        if pending or (event.kind == HOST and event.stage is None):  # waits for the lines below it
+            pending.append(found)
+        else:
+            yield _complete(found)
+    while pending:
+        yield _complete(pending.popleft())
+
+
+def _complete(found: _Pending) -> OomEvent:
+    event, above = found.event, found.above
+    if event.stage is None:
+        # Ray's host-memory error names the killed worker's task in the lines below it
+        search = [*above, *found.below] if event.kind == HOST else above
+        stage, method = stage_of(search)
+        event = dataclasses.replace(event, stage=stage, method=method)
+    if any(FRAME.search(x) and any(f in x for f in ENTROPY_FRAMES) for x in above):
+        event = dataclasses.replace(event, in_entropy=True)
+    if event.others_gib:
+        event = dataclasses.replace(event, others_gib=_others(event, above))
+    return event
+
+
+PID = re.compile(r"\bpid=(\d+)")
+
+
+def _others(event: OomEvent, above: Sequence[str]) -> tuple[tuple[int, float], ...]:
+    """The processes torch lists on the GPU minus the failing one (its pid in Ray's prefix or task error, or
+    the entry holding exactly what torch says this process holds)."""
+    own = {int(m) for line in above for m in PID.findall(line)}
+    rest = [(pid, gib) for pid, gib in event.others_gib if pid not in own]
+    if len(rest) == len(event.others_gib):
+        same = next((i for i, (_, gib) in enumerate(rest) if gib == event.in_use_gib), None)
+        rest = [x for i, x in enumerate(rest) if i != same]
+    return tuple(rest)
+
+
+def distinct(events: Iterable[OomEvent]) -> list[OomEvent]:
+    """One event per error, the first ``MAX_EVENTS``: a message printed again (by Ray in the driver, by the
+    engine and its caller) is dropped, and so are Ray's re-raises of a worker's error when the worker's own
+    message is in the logs (else the one that names a worker stage)."""
+    seen: set[tuple[object, ...]] = set()
+    out: list[OomEvent] = []
+    task: list[OomEvent] = []  # the first re-raise, and the first that names a stage
+    for event in events:
+        if event.kind == RAY_TASK_KIND:
+            if not task or (event.stage is not None and task[-1].stage is None and len(task) < 2):
+                task.append(event)
+        elif event.signature not in seen:
+            seen.add(event.signature)
+            out.append(event)
+            if len(out) == MAX_EVENTS:
+                break
+    if out:
+        return out
+    named = [e for e in task if e.stage is not None]
+    return (named or task)[:1]
 
 
 def read_lines(file: Path) -> Iterator[str]:
@@ -171,13 +303,12 @@ def log_files(path: Path) -> list[Path]:
 
 
 def find_ooms(path: Path) -> list[OomEvent]:
-    """The out-of-memory errors (the first ``MAX_EVENTS``) in a log file or the logs under a directory, in
-    file order. Each file is streamed."""
-    events: list[OomEvent] = []
-    for file in log_files(path):
-        label = str(file.relative_to(path)) if path.is_dir() else str(file)
-        for event in scan_lines(read_lines(file), label):
-            events.append(event)
-            if len(events) == MAX_EVENTS:
-                return events
-    return events
+    """The distinct out-of-memory errors (the first ``MAX_EVENTS``) in a log file or the logs under a
+    directory, in file order. Each file is streamed."""
+
+    def every() -> Iterator[OomEvent]:
+        for file in log_files(path):
+            label = str(file.relative_to(path)) if path.is_dir() else str(file)
+            yield from _scan(read_lines(file), label)
+
+    return distinct(every())

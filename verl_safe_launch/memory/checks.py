@@ -21,6 +21,7 @@ KV_ONE, KV_CONCURRENCY, WEIGHTS = (
 )
 UNKNOWN = "memory-model-unknown"
 UNVERIFIED_ID = "memory-stage-unverified"
+UNTRACED_ID = "memory-family-untraced"
 
 
 def memory_findings(ctx: RuleContext, estimate: MemoryEstimate | None = None) -> list[Finding]:
@@ -109,7 +110,22 @@ def _verdicts(ctx: RuleContext, est: MemoryEstimate) -> list[Finding]:
         if fits is None and stage.name != "rollout":
             fits = {f.key: f for f in fit_knobs(ctx, est.margin)}
         out.append(_verdict(ctx, est, stage, fits or {}))
-    return out
+    return out + _untraced(ctx, est)
+
+
+def _untraced(ctx: RuleContext, est: MemoryEstimate) -> list[Finding]:
+    """An untraced family's 'fits' and 'tight' are said to rest on a wide band (its other verdicts say so)."""
+    judged = [s for s in est.stages if not s.traced and s.verdict in ("fits", "tight")]
+    if not judged:
+        return []
+    arch = ctx.actor_arch.model_type if ctx.actor_arch else "unknown"
+    named = ", ".join(f"{s.name} {s.verdict}" for s in judged)
+    msg = (
+        f"architecture family '{arch}' has not been traced: {named} rest on Llama constants with activations "
+        "and logits ±30% (the whole band under the GPU size)"
+    )
+    fix = "measure one step (verl-safe-launch run records each stage's peak) before relying on the margin"
+    return [_finding(ctx, UNTRACED_ID, Severity.WARNING, (), msg, fix)]
 
 
 def _verdict(
@@ -124,6 +140,9 @@ def _verdict(
     oom = stage.verdict == "out of memory"
     if not oom:
         msg += f"; less than the {est.margin:.0%} margin left"
+    if not stage.traced:
+        arch = ctx.actor_arch.model_type if ctx.actor_arch else "unknown"
+        msg += f"; architecture family '{arch}' has not been traced (band ±30%)"
     fit = fits.get(stage.knob or "")
     fix = fit.override if fit else None
     offloaded = ctx.view.get(PARAM_OFFLOAD) is True or ctx.view.get(OFFLOAD_POLICY) is True

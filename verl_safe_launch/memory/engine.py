@@ -149,9 +149,12 @@ def entropy_mode(engine: Engine, wanted: bool) -> Entropy:
     return Entropy.COMPILED if engine.compile_entropy else Entropy.EAGER
 
 
-def make_pass(spec: StageSpec, tokens: int, seq_len: int = 1) -> Pass:
-    """The per-micro-batch description the byte formulas take (``seq_len``: one padded sequence per GPU)."""
+def make_pass(spec: StageSpec, tokens: int, seq_len: int = 1, prompt_len: int = 0) -> Pass:
+    """The per-micro-batch description the byte formulas take (``seq_len``: one padded sequence per GPU).
+
+    A vision-language model's images fill the prompts (the worst case, as every sequence is at full length)."""
     e = spec.engine
+    images = tokens * min(prompt_len, seq_len) // max(1, seq_len) if e.arch.vision else 0
     return Pass(
         tokens=tokens,
         backward=spec.backward,
@@ -169,6 +172,7 @@ def make_pass(spec: StageSpec, tokens: int, seq_len: int = 1) -> Pass:
         flash_ce=e.flash_ce,
         row_tokens=1 if e.remove_padding else max(1, seq_len // max(1, e.sp)),
         softcap=bool(e.arch.final_logit_softcapping) and not e.value_head,
+        image_tokens=images,
     )
 
 

@@ -6,11 +6,20 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 from verl_safe_launch.config_view import ARR
-from verl_safe_launch.context import RuleContext
+from verl_safe_launch.context import Architecture, RuleContext
 from verl_safe_launch.memory.engine import Engine, StageSpec, make_pass, read_engine, stage_specs
 from verl_safe_launch.memory.host import HostEstimate, host_estimate
 from verl_safe_launch.memory.rollout import Finish, RolloutFacts, rollout_facts, rollout_stage
-from verl_safe_launch.memory.terms import BF16, FP32, GIB, coeffs_for, layer_params, pass_peak, root_params
+from verl_safe_launch.memory.terms import (
+    BF16,
+    FP32,
+    GIB,
+    coeffs_for,
+    kv_bytes_per_token,
+    layer_params,
+    pass_peak,
+    root_params,
+)
 from verl_safe_launch.rules import BatchPlan, batch_plan
 
 COMPONENTS = (
@@ -55,6 +64,14 @@ class StageEstimate:
     verdict: str | None = None
     phases: tuple[tuple[str, float], ...] = ()
     batch_gib: float = 0.0  # activations and logits of one micro batch at its peak
+    traced: bool = True  # the architecture family's terms were checked against traces
+
+    @property
+    def verdict_text(self) -> str | None:
+        """The verdict, saying so when it rests on an untraced family's wide band."""
+        if self.verdict is None or self.traced:
+            return self.verdict
+        return f"{self.verdict} ({UNTRACED})"
 
     @property
     def total(self) -> float:
@@ -90,6 +107,7 @@ class MemoryEstimate:
 
 
 UNVERIFIED = "unverified"
+UNTRACED = "family not traced"
 
 
 def verdict(total: float, gpu: float | None, margin: float) -> str | None:
@@ -124,7 +142,7 @@ def finish(
         if ctx.calibrated
         else band_verdict(total, low, high, ctx.gpu, ctx.margin)
     )
-    return StageEstimate(name, gib, phase, batch, knob, low, high, judged)
+    return StageEstimate(name, gib, phase, batch, knob, low, high, judged, traced=ctx.calibrated)
 
 
 @dataclass(frozen=True)
@@ -144,6 +162,7 @@ class Settings:
     notes: tuple[str, ...] = ()
     optimizer: str = "AdamW"
     logits_path: str = ""
+    prompt_len: int = 0
 
 
 def resident(engine: Engine | None, stage: str, running: bool) -> dict[str, float]:
@@ -166,6 +185,8 @@ def gathered(engine: Engine, backward: bool) -> float:
     """Unsharded bf16 parameters in flight (head unit + prefetched layers) and, in backward, layer gradients."""
     arch = engine.arch
     layer, root = layer_params(arch), root_params(arch, engine.value_head)
+    if arch.vision:  # FSDP wraps each vision block as its own unit, like a decoder layer
+        root -= arch.vision.depth * arch.vision.block_params
     if not engine.reshard_after_forward:
         return BF16 * engine.params + (BF16 + FP32) * layer * backward
     layers = 1 + int(engine.forward_prefetch or backward)
@@ -190,7 +211,7 @@ def training_stage(spec: StageSpec, s: Settings) -> StageEstimate:
     e = spec.engine
     base = _base(spec, s)
     tokens = spec.tokens(s.seq_len)
-    peak = pass_peak(e.arch, make_pass(spec, tokens, s.seq_len))
+    peak = pass_peak(e.arch, make_pass(spec, tokens, s.seq_len, s.prompt_len))
     during = {"gathered parameters": gathered(e, spec.backward), "activations": peak.activations}
     during["logits and temporaries"] = peak.logits
     parts, phase = add(base, during), peak.phase
@@ -260,11 +281,32 @@ def assumptions(s: Settings, specs: list[StageSpec], rollout: RolloutFacts | Non
             f"architecture family '{a.arch.model_type}' not traced: Llama constants, activations and logits "
             f"±{UNCALIBRATED:.0%}; a stage whose band straddles the GPU size is '{UNVERIFIED}', not 'fits'"
         )
+    lines.extend(architecture_lines(a.arch))
     if any(spec.dynamic for spec in specs):
         lines.append("dynamic batch size: a micro batch fills its token budget")
     if rollout is not None:
         lines.extend(rollout.assumptions)
     return tuple(lines)
+
+
+def architecture_lines(arch: Architecture) -> list[str]:
+    """What of the architecture is counted beyond a plain decoder: latent attention, a vision tower."""
+    lines = []
+    if arch.mla:
+        width = arch.kv_lora_rank + arch.qk_rope_head_dim
+        lines.append(
+            f"multi-head latent attention: parameters and activations of the latent projections (kv_lora_rank "
+            f"{arch.kv_lora_rank}, q_lora_rank {arch.q_lora_rank or 'none'}); the rollout caches the latent, "
+            f"{width} values per token per layer ({kv_bytes_per_token(arch, 1):,} B per token in bf16)"
+        )
+    if arch.vision:
+        v = arch.vision
+        lines.append(
+            f"vision tower: {v.params / 1e9:.2f}B parameters ({v.depth} blocks, width {v.hidden_size}) counted "
+            f"with the model's {arch.params / 1e9:.2f}B; activations for images filling every prompt "
+            f"({v.merge} patches per image token; blocks costed as Llama layers at that width, not traced)"
+        )
+    return lines
 
 
 def _dtype(e: Engine) -> str:
@@ -328,7 +370,9 @@ def prepare(ctx: RuleContext, margin: float, overhead_gib: float) -> Settings | 
     )
     optimizer = str(view.get(f"{ARR}.actor.optim.optimizer") or "AdamW")
     specs = tuple(stage_specs(view, plan, actor, ref, critic))
-    return replace(s, specs=specs, optimizer=optimizer, logits_path=path)
+    prompt = view.get("data.max_prompt_length")
+    prompt_len = prompt if isinstance(prompt, int) and not isinstance(prompt, bool) and prompt > 0 else 0
+    return replace(s, specs=specs, optimizer=optimizer, logits_path=path, prompt_len=prompt_len)
 
 
 FLASH_CE_ENV_KEY = "ray_kwargs.ray_init.runtime_env.env_vars.VERL_DISABLE_FLASH_ATTN_CE"
