@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import json
 import os
+import shutil
+import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +47,8 @@ def _caches_in_test_dirs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[N
         caches = tmp_path_factory.mktemp("caches")
         mp.setenv("TORCHINDUCTOR_CACHE_DIR", str(caches / "torchinductor"))
         mp.setenv("TRITON_CACHE_DIR", str(caches / "triton"))
+        # pip runs `rustc --version` for its user agent; where rustc is rustup's proxy, that writes ~/.rustup.
+        mp.setenv("RUSTUP_HOME", str(caches / "rustup"))
         yield
 
 
@@ -148,12 +153,30 @@ def tiny_model(tmp_path: Path) -> Path:
     return make_tiny_model(tmp_path / "tiny-model")
 
 
-def fresh_ray_env(mp: pytest.MonkeyPatch, home: Path) -> None:
+@contextlib.contextmanager
+def short_temp_dir(prefix: str) -> Iterator[Path]:
+    """A new directory with a short path, removed afterwards: Ray's socket paths below it must fit in 107 bytes.
+
+    It is made in TMPDIR where that is short, else in /tmp (a CI's private TMPDIR can be long).
+    """
+    base = tempfile.gettempdir()
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir=base if len(base) <= 24 else "/tmp"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def fresh_ray_env(mp: pytest.MonkeyPatch, home: Path, tmpdir: Path | None = None) -> None:
     """Ray as on a fresh machine: no ``RAY_*`` variables and a HOME without ``~/.ray`` (Ray's default auth path).
 
-    The auth variables Ray itself sets while starting are put back (removed) when ``mp`` is undone.
+    With ``tmpdir``, Ray's processes make their temporary files there (a killed one never removes its
+    multiprocessing directory). The auth variables Ray itself sets while starting are put back (removed) when
+    ``mp`` is undone.
     """
     home.mkdir(parents=True, exist_ok=True)
+    if tmpdir is not None:
+        mp.setenv("TMPDIR", str(tmpdir))
     for name in {*(n for n in os.environ if n.startswith("RAY_")), "RAY_AUTH_MODE", "RAY_AUTH_TOKEN"}:
         mp.setenv(name, "")  # recorded, so that undo restores the variable as it was (or removes it)
         mp.delenv(name)

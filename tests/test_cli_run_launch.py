@@ -148,6 +148,7 @@ def launch(tmp_path: Path) -> Iterator[Callable[..., Launch]]:
     home.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     env["HOME"] = str(home)
+    env["TMPDIR"] = str(ray_temp)  # the multiprocessing dirs a killed Ray process never removes go there too
     runs: list[Launch] = []
 
     def run(*extra: str) -> Launch:

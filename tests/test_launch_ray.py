@@ -37,7 +37,7 @@ def ray_cluster() -> Iterator[tuple[str, Path]]:
     run_dir = temp / "run"
     run_dir.mkdir()
     with pytest.MonkeyPatch.context() as mp:
-        fresh_ray_env(mp, temp / "home")
+        fresh_ray_env(mp, temp / "home", tmpdir=temp)
         ray.init(
             address="local",
             num_cpus=32,

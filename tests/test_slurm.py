@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import DATA, CliResult, check_golden
+from conftest import DATA, CliResult, check_golden, short_temp_dir
 
 from verl_safe_launch.errors import UsageError
 from verl_safe_launch.launch import Container, SlurmSpec, render_sbatch, sbatch_options
@@ -216,13 +216,14 @@ def run_with_fakes(
         "SLURMD_NODENAME": "node1",
         "SLURM_CPUS_ON_NODE": "34",
         "SLURM_GPUS_ON_NODE": "8",
-        "VSL_RAY_TMP_ROOT": str(tmp_path / "ray"),
         **env,
     }
-    done = subprocess.run(
-        ["bash", str(script)], capture_output=True, text=True, cwd=tmp_path, env=job_env, timeout=120
-    )
-    return done, calls.read_text().splitlines()
+    with short_temp_dir("vsr") as root:  # the job refuses a Ray temp root too long for Ray's socket paths
+        job_env.setdefault("VSL_RAY_TMP_ROOT", str(root))
+        done = subprocess.run(
+            ["bash", str(script)], capture_output=True, text=True, cwd=tmp_path, env=job_env, timeout=120
+        )
+        return done, [line.replace(str(root), "RAYROOT") for line in calls.read_text().splitlines()]
 
 
 def write_script(spec: SlurmSpec, tmp_path: Path) -> Path:
@@ -239,28 +240,28 @@ def test_four_nodes_with_fake_slurm(tmp_path: Path) -> None:
     ray = (
         "--num-cpus=34 --num-gpus=8 --dashboard-agent-listen-port=0 --disable-usage-stats --log-style=record"
     )
-    tmp = f"{tmp_path}/ray/vsl-ray-42-0"
+    tmp = "RAYROOT/vsl-ray-42-0"
     preflight = f"{step.format('node1')} verl-safe-launch slurm preflight -c grpo.yaml model_engine=megatron"
-    head = f"ray node1 start --block --node-name=node1 --temp-dir={tmp}-node1 {ray} --head --port=0 "
+    head = f"ray node1 start --block --node-name=node1 --temp-dir={tmp}-0 {ray} --head --port=0 "
     client_port = "--ray-client-server-port=P"
     wait = f"{step.format('node1')} verl-safe-launch slurm wait-ray --address=10.0.0.1:6379 --timeout=T"
     run = (
         f"{step.format('node1')} verl-safe-launch run -c grpo.yaml --run-dir=grpo-logs/42-0/run --dry-run "
         "model_engine=megatron"
     )
-    workers = [
+    workers = [  # each node's Ray temp dir is named by its index: a long host name cannot overflow a socket path
         line
-        for host in ("node2", "node3", "node4")
+        for index, host in enumerate(("node2", "node3", "node4"), 1)
         for line in (
-            f"{step.format(host)} ray-worker {host} {tmp}-{host} --address=10.0.0.1:6379",
-            f"ray {host} start --block --node-name={host} --temp-dir={tmp}-{host} {ray} --address=10.0.0.1:6379",
+            f"{step.format(host)} ray-worker {host} {tmp}-{index} --address=10.0.0.1:6379",
+            f"ray {host} start --block --node-name={host} --temp-dir={tmp}-{index} {ray} --address=10.0.0.1:6379",
         )
     ]
     expected = [
         "scontrol show hostnames node[1-4]",
         preflight,
         "vsl [slurm] [preflight] [-c] [grpo.yaml] [model_engine=megatron]",
-        f"{step.format('node1')} ray-head node1 {tmp}-node1 --head --port=0 --include-dashboard=false",
+        f"{step.format('node1')} ray-head node1 {tmp}-0 --head --port=0 --include-dashboard=false",
         f"{head}--include-dashboard=false {client_port}",
         *workers,
         wait + " node1 node2 node3 node4",
@@ -324,6 +325,24 @@ def test_fails_fast(tmp_path: Path, env: dict[str, str], code: int, message: str
     assert message in done.stderr
     assert not any(not_called in line for line in calls)
     assert f"vsl: job 42-0 finished with exit code {code}" in done.stdout
+
+
+def test_a_ray_temp_root_too_long_for_a_socket_path_is_refused_before_any_step(tmp_path: Path) -> None:
+    """Ray's plasma socket lives 64 bytes below a node's temp dir (4 nodes: ROOT/vsl-ray-42-0-3), and a Unix
+    socket path ends at 107 bytes: a root of 28 bytes is the longest that works."""
+    allowed = (
+        107 - len("/vsl-ray-42-0-3") - len("/session_2000-01-01_00-00-00_000000_4194304/sockets/plasma_store")
+    )
+    with short_temp_dir("vsr") as base:
+        fits = base / ("d" * (allowed - len(str(base)) - 1))
+        assert len(str(fits)) == allowed
+        done, calls = run_with_fakes(write_script(SPEC_4X8, tmp_path), tmp_path, VSL_RAY_TMP_ROOT=str(fits))
+        assert done.returncode == 0, done.stderr
+        done, calls = run_with_fakes(write_script(SPEC_4X8, tmp_path), tmp_path, VSL_RAY_TMP_ROOT=f"{fits}d")
+    assert done.returncode == 3
+    assert "its socket paths would take 108 bytes, more than the 107" in done.stderr
+    assert f"export VSL_RAY_TMP_ROOT=<a directory of at most {allowed} bytes>" in done.stderr
+    assert [c for c in calls if not c.startswith("scontrol")] == []
 
 
 # --- the command: pre-flight at render time, files, safety ------------------------------------------------

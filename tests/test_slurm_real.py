@@ -8,15 +8,13 @@ from __future__ import annotations
 
 import os
 import shlex
-import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import DATA, CliResult
+from conftest import DATA, CliResult, short_temp_dir
 from slurm_cluster import Job, SlurmCluster, missing_requirement, start_cluster
 
 pytestmark = pytest.mark.slow
@@ -42,9 +40,8 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
 @pytest.fixture(scope="module")
 def ray_root() -> Iterator[Path]:
     """A short directory for the jobs' Ray temp dirs (Ray's socket paths must stay under 107 bytes)."""
-    root = Path(tempfile.mkdtemp(prefix="vslr-"))
-    yield root
-    shutil.rmtree(root, ignore_errors=True)
+    with short_temp_dir("vr") as root:
+        yield root
 
 
 def write_job(cli: Callable[..., CliResult], where: Path, nodes: int, *extra: str) -> Path:
@@ -59,7 +56,9 @@ def write_job(cli: Callable[..., CliResult], where: Path, nodes: int, *extra: st
 
 
 def submit(slurm: SlurmCluster, script: Path, ray_root: Path, *options: str) -> Job:
-    job_id = slurm.sbatch(script, *options, cwd=script.parent, env={"VSL_RAY_TMP_ROOT": str(ray_root)})
+    job_id = slurm.sbatch(
+        script, *options, cwd=script.parent, env={"VSL_RAY_TMP_ROOT": str(ray_root), "TMPDIR": str(ray_root)}
+    )
     return slurm.wait(job_id, script.parent / f"{script.stem}-{job_id}.out", JOB_TIMEOUT_S)
 
 

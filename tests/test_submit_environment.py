@@ -33,6 +33,7 @@ def bare_cluster() -> Iterator[str]:
             mp.delenv(name)
         mp.setenv("HOME", str(temp / "home"))
         mp.setenv("RAY_TMPDIR", str(temp))  # Ray's address file goes here, not into a shared /tmp/ray
+        mp.setenv("TMPDIR", str(temp))  # and the multiprocessing dirs a killed Ray process never removes
         (temp / "ray").mkdir()
         mp.setenv("PATH", f"{bare / 'bin'}{os.pathsep}{os.environ['PATH']}")  # the job's `python`
         head = {"num_cpus": 16, "num_gpus": 2, "include_dashboard": True, "dashboard_host": "127.0.0.1"}

@@ -105,17 +105,21 @@ def test_writes_outside_its_directory_are_refused_in_namespaces(mode: str, tmp_p
 
 
 def test_output_is_capped_in_memory(tmp_path: Path) -> None:
-    """400 MB on stdout and on stderr: the launcher's peak memory stays far below it, the tail is kept."""
+    """400 MB on stdout and on stderr: the launcher's peak memory stays far below it, the tail is kept.
+
+    The peak is VmHWM, this process's own: ru_maxrss would also count the pytest process it was spawned from
+    (Linux carries the parent's high-water mark through vfork and exec).
+    """
     script = write(
         tmp_path,
         "head -c 400000000 /dev/zero\nhead -c 400000000 /dev/zero | tr '\\0' x >&2\necho >&2; echo last >&2\n"
         f"{LAUNCH} a=1\n",
     )
     probe = (
-        "import json, resource, sys\nfrom verl_safe_launch.shell import trace_script\n"
+        "import json, sys\nfrom verl_safe_launch.shell import trace_script\n"
         "t = trace_script(__import__('pathlib').Path(sys.argv[1]), timeout=300)\n"
         "print(json.dumps([len(t.stderr), t.stderr.splitlines()[-1], len(t.calls),"
-        " resource.getrusage(resource.RUSAGE_SELF).ru_maxrss]))\n"
+        " [int(l.split()[1]) for l in open('/proc/self/status') if l.startswith('VmHWM:')][0]]))\n"
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run(
@@ -179,7 +183,8 @@ def test_without_namespaces_the_launchers_environment_is_not_readable_through_pr
     python = unprivileged_python()
     if python is None:
         pytest.skip("no unprivileged Python that can import this package")
-    folder = Path(tempfile.mkdtemp(prefix="vsl-test-"))
+    # In /tmp: the unprivileged user must reach the script, and a private TMPDIR's parents may be closed to it.
+    folder = Path(tempfile.mkdtemp(prefix="vsl-test-", dir="/tmp"))
     try:
         folder.chmod(0o755)
         script = folder / "run.sh"

@@ -38,7 +38,7 @@ from verl_safe_launch.cli._migrate import choose_launch
 from verl_safe_launch.cli._upgrade_advice import verify_advice
 from verl_safe_launch.compose import compose
 from verl_safe_launch.errors import EXIT_OK, UsageError
-from verl_safe_launch.files import check_target, ensure_directory, write_atomic
+from verl_safe_launch.files import check_target, check_text_name, ensure_directory, write_atomic
 from verl_safe_launch.inputs import OverrideToken, read_yaml
 from verl_safe_launch.provenance import Layer, Source
 from verl_safe_launch.shell import ScriptLaunch, override_key, read_script
@@ -86,6 +86,8 @@ def main(args: Sequence[str], offset: int) -> int:
     add_format_arg(parser)
     ns = parse(parser, args)
     path = Path(ns.launch_file)
+    # A name that cannot be written is refused before the slower work that would end in writing it.
+    check_text_name(Path(ns.output) / f"{path.stem}.yaml", where="-o/--output")
     launch = _read(path, ns.launch)
     installed = installed_defaults()
     unreadable = _unreadable(launch)

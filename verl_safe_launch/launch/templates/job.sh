@@ -43,7 +43,18 @@ if [ -z "${RAY_AUTH_TOKEN:-}" ]; then
 fi
 export RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S=0
 export PYTHONUNBUFFERED=1
-VSL_RAY_TMP="${VSL_RAY_TMP_ROOT:-/tmp}/vsl-ray-$VSL_RUN_ID"
+VSL_RAY_ROOT="${VSL_RAY_TMP_ROOT:-/tmp}"
+VSL_RAY_TMP="$VSL_RAY_ROOT/vsl-ray-$VSL_RUN_ID"
+# Each node's Ray temp dir is $VSL_RAY_TMP-<node index>; Ray's longest socket path under it,
+# <dir>/session_<date>_<time>_<microseconds>_<pid>/sockets/plasma_store, must fit in 107 bytes (AF_UNIX).
+# A root that leaves no room is refused here, before any node starts, rather than by the first raylet.
+vsl_socket="$VSL_RAY_TMP-$((${#VSL_HOSTS[@]} - 1))/session_2000-01-01_00-00-00_000000_4194304/sockets/plasma_store"
+vsl_socket_bytes=$(printf %s "$vsl_socket" | wc -c)
+if [ "$vsl_socket_bytes" -gt 107 ]; then
+  vsl_fail 3 "Ray's temp dir $VSL_RAY_TMP-N is too long: its socket paths would take $vsl_socket_bytes bytes," \
+    "more than the 107 a Unix socket path may have; fix: export VSL_RAY_TMP_ROOT=<a directory of at most" \
+    "$(($(printf %s "$VSL_RAY_ROOT" | wc -c) + 107 - vsl_socket_bytes)) bytes> before sbatch"
+fi
 
 # What every step runs on its node: the setup lines, then one command. A Ray node gets exactly the CPUs
 # and GPUs Slurm allocated to the step on that node, prints its address once it is up, and blocks.
@@ -118,7 +129,7 @@ vsl_ray_step() {
   local role=$1 host=$2 log
   shift 2
   log="$VSL_LOG_DIR/ray-$role-$host.log"
-  vsl_step "$host" "ray-$role" "$host" "$VSL_RAY_TMP-$host" "$@" > "$log" 2>&1 &
+  vsl_step "$host" "ray-$role" "$host" "$VSL_RAY_TMP-${#VSL_STEP_PIDS[@]}" "$@" > "$log" 2>&1 &
   VSL_STEP_PIDS+=("$!")
   VSL_STEP_HOSTS+=("$host")
   VSL_STEP_LOGS+=("$log")
