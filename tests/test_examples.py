@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -68,3 +69,36 @@ def test_readme_main_job_runs_the_whole_pipeline(cli: Callable[..., CliResult], 
     assert "adapted trainer.n_gpus_per_node from 8 to 6" in result.out
     assert "No GPU on this machine: the pre-flight passed and nothing was started." in result.out
     assert (tmp_path / "run" / "config.yaml").is_file()
+
+
+@pytest.mark.parametrize("cp", ["", "2"])
+def test_the_readme_branch_example_is_refused_by_verl_in_every_world(tmp_path: Path, cp: str) -> None:
+    """launch_examples/megatron_cp.sh: real bash (the trace) with and without $CP, then verl's own
+    validate_config on what bash passed, refuse it; the static audit, which never ran bash, says NO-GO."""
+    from conftest import make_tiny_model
+    from verl_oracle import verl_verdict
+
+    from verl_safe_launch.cli._audit import Auditor
+    from verl_safe_launch.compose import compose
+    from verl_safe_launch.inputs import OverrideToken
+    from verl_safe_launch.provenance import Layer, Source
+    from verl_safe_launch.shell import read_script, trace_script, traced_launches
+
+    script = EXAMPLES / "megatron_cp.sh"
+    (launch,) = traced_launches(
+        str(script), trace_script(script, {"CP": cp} if cp else {}).calls, read_script(script)
+    )
+    assert any("context_parallel_size=2" in t.text for t in launch.tokens) == bool(cp)
+    model = OverrideToken(
+        f"actor_rollout_ref.model.path={make_tiny_model(tmp_path / 'm')}", Source(Layer.CLI)
+    )
+    request = launch.request(lenient=True)
+    composed = compose(replace(request, overrides=(*request.overrides, model)))
+    assert composed.rejected == ()
+    refusal = verl_verdict(composed.cfg)
+    assert refusal is not None and "log_prob_micro_batch_size" in refusal
+    (audited,) = Auditor().script(script).launches
+    assert audited.verdict == "no-go"
+    assert [f.rule_id for f in audited.findings if f.severity.value == "error"] == [
+        "verl-ref-logprob-micro-keys"
+    ]

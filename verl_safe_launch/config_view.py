@@ -45,7 +45,12 @@ class ConfigView:
     def subtree(self, prefix: str) -> dict[str, Any]:
         """Leaves at or below ``prefix`` (a dotted key), in config order."""
         dotted = prefix + "."
-        return {k: v for k, v in self.values.items() if k == prefix or k.startswith(dotted)}
+        return {k: self.values[k] for k in self.values if k == prefix or k.startswith(dotted)}
+
+    def recording(self) -> tuple[ConfigView, set[str]]:
+        """This view, and the set that collects every key whose value is read through it (see ``ReadLog``)."""
+        log = ReadLog(self.values)
+        return ConfigView(log, self.provenance), log.read
 
     def nested(self, prefix: str = "") -> Any:
         """The subtree below ``prefix`` as nested plain dicts (the whole config for an empty prefix)."""
@@ -54,6 +59,35 @@ class ConfigView:
             return items[prefix]
         cut = len(prefix) + 1 if prefix else 0
         return nest((key[cut:], value) for key, value in items.items())
+
+
+class ReadLog(Mapping[str, Any]):
+    """A view's values that remember every key whose value was read: what the checks of a launch depend on.
+
+    Listing the keys, or asking whether one exists, reads no value (which keys exist is decided by composition, not
+    by a value); ``get``, ``[key]``, ``items()`` and ``values()`` do.
+    """
+
+    def __init__(self, values: Mapping[str, Any]) -> None:
+        self._values = values
+        self.read: set[str] = set()
+
+    def __getitem__(self, key: str) -> Any:
+        self.read.add(key)
+        return self._values[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        self.read.add(key)
+        return self._values.get(key, default)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._values
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
 
 
 def nest(items: Iterable[tuple[str, Any]]) -> dict[str, Any]:

@@ -48,7 +48,13 @@ from verl_safe_launch.audit.upgrade import (
     token_key,
 )
 from verl_safe_launch.audit.values import STRATEGY_KEYS
-from verl_safe_launch.audit.verify import CANNOT_VERIFY, Unread, depends_on, qualify, unread_count
+from verl_safe_launch.audit.verify import (
+    CANNOT_VERIFY,
+    Unread,
+    deciding_parts,
+    depends_on,
+    qualify,
+)
 from verl_safe_launch.audit.worlds import Reading, across_worlds
 
 __all__ = [
@@ -83,6 +89,7 @@ __all__ = [
     "command_line",
     "covered",
     "current_key",
+    "deciding_parts",
     "default_changes",
     "depends_on",
     "detect",
@@ -109,7 +116,6 @@ __all__ = [
     "render_yaml",
     "script_findings",
     "token_key",
-    "unread_count",
     "version",
     "yaml_deprecations",
 ]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, replace
 
 from verl_safe_launch.compose import config_groups
@@ -210,17 +210,48 @@ def doubtful_severity(finding: Finding) -> Severity:
     return Severity.WARNING if finding.severity is Severity.ERROR else Severity.INFO
 
 
-def unread_count(launch: ScriptLaunch) -> int:
-    """How many parts of the launch the reader could not read."""
-    return len(Unread.of(launch).parts)
+def deciding_parts(
+    launch: ScriptLaunch, findings: Iterable[Finding], read: Collection[str]
+) -> list[ScriptNote]:
+    """The unread parts of a launch whose value could change its verdict: what makes it UNVERIFIED.
+
+    A part decides when it could be any override (an unread word or array, ``supplies`` None) or a config file,
+    when it could choose a config group, when a finding was narrowed to "cannot verify" because of it, or when it
+    sets a key whose value a check read (``read``: the keys the pre-flight read, see ``ConfigView.recording``).
+    An unread value no check reads (``trainer.experiment_name="$NAME"``) decides nothing: the verdict stays GO.
+    """
+    unread = Unread.of(launch)
+    named = {
+        (source.line, raw)
+        for finding in findings
+        if finding.rule_id == CANNOT_VERIFY
+        for key, raw, source in finding.sources
+        if key == "unread"
+    }
+    prefixes = {key.rsplit(".", n)[0] for key in read for n in range(1, key.count(".") + 1)}
+    groups = config_groups()
+
+    def decides(part: ScriptNote) -> bool:
+        if part.supplies is None or part.kind == "config" or (part.line, part.raw) in named:
+            return True
+        for key in part.supplies:
+            if unread.pinned(key, part):
+                continue
+            if key in read or key in prefixes or any(key.startswith(r + ".") for r in read):
+                return True
+            if any(_chooses(group, key) for group in groups):
+                return True
+        return False
+
+    return [part for part in unread.parts if decides(part)]
 
 
 __all__ = [
     "CANNOT_VERIFY",
     "Unread",
     "cannot_verify",
+    "deciding_parts",
     "depends_on",
     "doubtful_severity",
     "qualify",
-    "unread_count",
 ]

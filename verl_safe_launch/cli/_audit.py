@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from verl_safe_launch.audit import Reading, across_worlds, audit, qualify, script_findings, unread_count
+from verl_safe_launch.audit import Reading, across_worlds, audit, deciding_parts, qualify, script_findings
 from verl_safe_launch.cli._common import add_format_arg, add_verbose_arg, make_parser, parse, print_json
 from verl_safe_launch.compose import Overlay, model_engines
 from verl_safe_launch.errors import EXIT_OK, EXIT_PREFLIGHT, EXIT_USAGE, InputError, UsageError, VslError
@@ -168,6 +168,8 @@ class Auditor:
             return LaunchAudit(launch, tuple(findings), unread)
         passthrough = self.passthrough if launch.passthrough and self.trace is None else ()
         composed = self.overlay.compose(launch.request(passthrough))
+        view, read = composed.view.recording()  # which values the checks read: what an unread part can decide
+        composed = replace(composed, view=view)
         pre = run_preflight(composed, hardware or self.hardware)
         findings = [*pre.findings, *script_findings(launch)]
         if job is not None:
@@ -175,7 +177,8 @@ class Auditor:
         if self.passthrough and launch.passthrough is None and self.trace is None:
             findings.append(_unused_passthrough(launch))
         everywhere = _Everywhere(self.overlay, launch, passthrough)
-        return LaunchAudit(launch, tuple(qualify(findings, launch, everywhere)), unread_count(launch))
+        qualified = qualify(findings, launch, everywhere)
+        return LaunchAudit(launch, tuple(qualified), len(deciding_parts(launch, qualified, read)))
 
 
 class _Everywhere:
