@@ -155,12 +155,11 @@ def tiny_model(tmp_path: Path) -> Path:
 
 @contextlib.contextmanager
 def short_temp_dir(prefix: str) -> Iterator[Path]:
-    """A new directory with a short path, removed afterwards: Ray's socket paths below it must fit in 107 bytes.
+    """A new directory in /tmp, removed afterwards: Ray's socket paths below it must fit in 107 bytes.
 
-    It is made in TMPDIR where that is short, else in /tmp (a CI's private TMPDIR can be long).
+    Not in TMPDIR: a private TMPDIR (a CI's, a cluster's per-job one) is often too long for them.
     """
-    base = tempfile.gettempdir()
-    path = Path(tempfile.mkdtemp(prefix=prefix, dir=base if len(base) <= 24 else "/tmp"))
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
     try:
         yield path
     finally:
