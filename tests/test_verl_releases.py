@@ -21,6 +21,8 @@ from omegaconf import OmegaConf
 
 from verl_safe_launch.compose import compose
 from verl_safe_launch.inputs import ComposeRequest, choose_verl, cli_tokens, read_registries, verl_release
+from verl_safe_launch.inputs.schema import _targets, load_schema
+from verl_safe_launch.inputs.schema_ast import SourceReader, read_schema
 
 RELEASES = ("0.5.0", "0.6.1", "0.7.1", "0.8.0")
 NO_ENTRY_POINT = {"0.6.1": "its main_ppo imports transformers.AutoModelForVision2Seq, gone from this venv"}
@@ -130,6 +132,60 @@ def test_static_registries_hold_what_importing_the_release_registers(releases: P
     assert imported, f"no registry of verl {version} could be imported here: {real}"
     for name, names in imported.items():
         assert set(names) <= set(static[name]), name
+
+
+SCHEMA_ORACLE = """
+import json, sys
+from pathlib import Path
+import verl
+from verl_safe_launch.inputs.schema import generate_schema
+print(json.dumps(generate_schema(Path(verl.__file__).parent / "trainer" / "config")))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("version", RELEASES)
+def test_static_schema_equals_the_releases_dataclasses(releases: Path, version: str) -> None:
+    """The schema read from a release's source is what importing its dataclasses says (where they import)."""
+    package = releases / version / "verl"
+    static = read_schema(package)
+    assert static["verl_version"] == version
+    reader = SourceReader(package)
+    defined = {t for t in _targets(package / "trainer" / "config") if reader.target(t) is not None}
+    assert defined and defined <= set(static["classes"])
+    env = {**os.environ, "PYTHONPATH": f"{releases / version}{os.pathsep}{ROOT}"}
+    cmd = [sys.executable, "-c", SCHEMA_ORACLE]
+    out = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    if out.returncode != 0:
+        reason = (out.stderr.strip().splitlines() or ["no output"])[-1]
+        pytest.skip(f"verl {version}'s dataclasses cannot be imported here: {reason}")
+    assert static == json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("chosen", ["0.8.0"], indirect=True)
+def test_schema_and_field_checks_follow_the_chosen_release(
+    chosen: Path, cli: Callable[..., CliResult]
+) -> None:
+    """0.9 added CheckpointConfig.save_lora_only and dropped FSDPEngineConfig.grad_offload: per release."""
+    schema = load_schema()
+    assert "save_lora_only" not in schema["verl.trainer.config.CheckpointConfig"]
+    assert "grad_offload" in schema["verl.workers.config.FSDPEngineConfig"]
+
+    def rules(line: str, *verl: str) -> list[tuple[str, str]]:
+        result = cli("check", *verl, line, "--format", "json")
+        leaf = line.rpartition(".")[2].partition("=")[0]
+        found = json.loads(result.out)["findings"]
+        return [(f["rule_id"], f["severity"]) for f in found if leaf in f["message"]]
+
+    lora = "+actor_rollout_ref.actor.checkpoint.save_lora_only=true"
+    offload = "+actor_rollout_ref.actor.fsdp_config.grad_offload=true"
+    assert rules(lora, "--verl", str(chosen)) == [("new-key", "error")]
+    assert rules(offload, "--verl", str(chosen)) == [("dataclass-field", "info")]
+    choose_verl(None)
+    assert "save_lora_only" in load_schema()["verl.trainer.config.CheckpointConfig"]
+    assert rules(lora) == [("dataclass-field", "info")]
+    assert rules(offload) == [("new-key", "error")]
 
 
 @pytest.mark.slow

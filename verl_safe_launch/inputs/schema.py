@@ -1,7 +1,8 @@
 """verl's config schema from its own dataclasses: field types (unions, open dicts, nested dataclasses) per class.
 
 Generated once from the installed verl (``dataclasses.fields`` + ``typing.get_type_hints``) into
-``verl_safe_launch/data/verl_schema.json``; reading it needs neither verl nor torch.
+``verl_safe_launch/data/verl_schema.json``; reading it needs neither verl nor torch. Any other verl (``--verl``,
+a vendored copy, another release) has its schema read from its source by ``schema_ast``, which imports nothing.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from verl_safe_launch.inputs.verl_paths import verl_cache
+from verl_safe_launch.inputs.verl_paths import verl_cache, verl_package_dir
 
 SCHEMA_FILE = "verl_schema.json"
 SCALARS = {int: "int", float: "float", bool: "bool", str: "str"}
@@ -41,9 +42,19 @@ class SchemaField:
 
 @verl_cache
 def load_schema() -> Mapping[str, Mapping[str, SchemaField]]:
-    """``_target_`` → field name → field, from the generated data file."""
-    text = resources.files("verl_safe_launch.data").joinpath(SCHEMA_FILE).read_text(encoding="utf-8")
-    data = json.loads(text)
+    """``_target_`` → field name → field, for the verl in use.
+
+    The shipped data file when the verl in use is the one it was generated from (same release, same bytes in
+    the config YAML and in the files its classes were read from); else read from that verl's source (``ast``,
+    never imported) and cached on disk per verl.
+    """
+    data = shipped_schema()
+    package = verl_package_dir()
+    if not is_shipped_verl(package, data):
+        from verl_safe_launch.inputs.knowledge import cached_fact
+        from verl_safe_launch.inputs.schema_ast import read_schema
+
+        data = cached_fact("schema", lambda: read_schema(package))
     out: dict[str, dict[str, SchemaField]] = {}
     for target, fields in data["classes"].items():
         owner = target.rpartition(".")[2]
@@ -54,6 +65,56 @@ def load_schema() -> Mapping[str, Mapping[str, SchemaField]]:
             for name, f in fields.items()
         }
     return out
+
+
+def shipped_schema() -> dict[str, Any]:
+    """The data file shipped with this tool (generated from one verl release)."""
+    text = resources.files("verl_safe_launch.data").joinpath(SCHEMA_FILE).read_text(encoding="utf-8")
+    return json.loads(text)  # type: ignore[no-any-return]
+
+
+def is_shipped_verl(package: Path, data: Mapping[str, Any]) -> bool:
+    """Whether ``package`` is the verl the shipped schema ``data`` was generated from (release and bytes)."""
+    from verl_safe_launch.inputs.knowledge import read_version
+
+    source = data.get("source") or {}
+    if read_version(package) != data.get("verl_version") or "digest" not in source:
+        return False
+    return bool(source_digest(package, source.get("files", [])) == source["digest"])
+
+
+def source_digest(package: Path, files: Sequence[str]) -> str:
+    """A hash of the config YAML of ``package`` and of ``files`` (paths relative to the directory above it)."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    config = package / "trainer" / "config"
+    paths = [*sorted(config.rglob("*.yaml")), *(package.parent / f for f in files)]
+    for path in paths:
+        digest.update(path.relative_to(package.parent).as_posix().encode() + b"\0")
+        try:
+            digest.update(path.read_bytes())
+        except OSError:
+            digest.update(b"(missing)")
+        digest.update(b"\0")
+    return digest.hexdigest()
+
+
+def ship_schema(package: Path) -> dict[str, Any]:
+    """The data file's content for the verl at ``package`` (imports it): its schema and what it was read from.
+
+    Regenerate with ``python -c "import json; from verl_safe_launch.inputs import verl_package_dir;
+    from verl_safe_launch.inputs.schema import ship_schema; print(json.dumps(ship_schema(verl_package_dir()),
+    indent=1, sort_keys=True))" > verl_safe_launch/data/verl_schema.json``.
+    """
+    from verl_safe_launch.inputs.schema_ast import SourceReader
+
+    data = generate_schema(package / "trainer" / "config")
+    reader = SourceReader(package)
+    reader.schema(package / "trainer" / "config")
+    files = reader.files()
+    data["source"] = {"files": files, "digest": source_digest(package, files)}
+    return data
 
 
 def generate_schema(config_dir: Path) -> dict[str, Any]:
@@ -70,7 +131,13 @@ def generate_schema(config_dir: Path) -> dict[str, Any]:
         if target in classes:
             continue
         module, _, name = target.rpartition(".")
-        cls = getattr(importlib.import_module(module), name, None)
+        try:
+            imported = importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name is not None and (module == exc.name or module.startswith(f"{exc.name}.")):
+                continue  # a stale ``_target_`` naming a module this verl does not have: no class
+            raise
+        cls = getattr(imported, name, None)
         if cls is None or not dataclasses.is_dataclass(cls):
             continue
         hints = typing.get_type_hints(cls)
@@ -166,4 +233,13 @@ def _default(f: Any) -> str | None:
     return None
 
 
-__all__ = ["SCHEMA_FILE", "SchemaField", "generate_schema", "load_schema"]
+__all__ = [
+    "SCHEMA_FILE",
+    "SchemaField",
+    "generate_schema",
+    "is_shipped_verl",
+    "load_schema",
+    "ship_schema",
+    "shipped_schema",
+    "source_digest",
+]
