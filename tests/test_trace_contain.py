@@ -215,14 +215,18 @@ def test_ctrl_c_on_the_launcher_kills_the_script_and_all_it_started(session: boo
     script = write(
         tmp_path, f"sleep {BASE + 9} &\nsetsid sleep {BASE + 10} &\necho started >&2\nsleep {BASE + 11}\n"
     )
+    # Ctrl-C as in a terminal: Python's own SIGINT handler, even where this test runs with SIGINT ignored (a
+    # background job of a non-interactive shell inherits SIG_IGN, and Python then installs no handler).
     probe = (
-        "import sys\nfrom pathlib import Path\nfrom verl_safe_launch.shell import contain, trace_script\n"
+        "import signal, sys\nfrom pathlib import Path\nfrom verl_safe_launch.shell import contain, trace_script\n"
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
         "if sys.argv[2] == '1':\n    contain.containment = lambda: contain.Containment((), namespaces=False)\n"
         "trace_script(Path(sys.argv[1]), timeout=600)\n"
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     command = [sys.executable, "-c", probe, str(script), "1" if session else "0"]
-    with subprocess.Popen(command, env=env, stderr=subprocess.DEVNULL) as launcher:
+    launcher = subprocess.Popen(command, env=env, stderr=subprocess.DEVNULL)
+    try:
         for _ in range(500):
             if alive(str(BASE + 11)):
                 break
@@ -230,4 +234,60 @@ def test_ctrl_c_on_the_launcher_kills_the_script_and_all_it_started(session: boo
         assert alive(str(BASE + 11)), "the script never started"
         launcher.send_signal(signal.SIGINT)
         launcher.wait(timeout=60)
-    assert [alive(str(BASE + i)) for i in (9, 10, 11)] == [[], [], []]
+        left = [alive(str(BASE + i)) for i in (9, 10, 11)]
+    finally:  # never hang the suite on a launcher that did not stop, nor leave its script behind
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+        for pid in [p for i in (9, 10, 11) for p in alive(str(BASE + i))]:
+            os.kill(pid, signal.SIGKILL)
+    assert left == [[], [], []]
+
+
+@pytest.mark.parametrize("session", [False, True], ids=["strongest", "session"])
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+def test_a_launcher_killed_from_outside_takes_the_script_with_it(
+    session: bool, signum: int, tmp_path: Path
+) -> None:
+    """``timeout``, ``kill`` or a scheduler ends the launcher: nothing the script started survives it (the kernel
+    signals the first process when its parent dies), and after SIGTERM the trace's directory is gone too."""
+    base = BASE + 20 + 10 * session + 5 * (signum == signal.SIGKILL)
+    script = write(
+        tmp_path, f"sleep {base} &\nsetsid sleep {base + 1} &\necho started >&2\nsleep {base + 2}\n"
+    )
+    probe = (
+        "import sys\nfrom pathlib import Path\nfrom verl_safe_launch.shell import contain, trace_script\n"
+        "if sys.argv[2] == '1':\n    contain.containment = lambda: contain.Containment((), namespaces=False)\n"
+        "trace_script(Path(sys.argv[1]), timeout=600)\n"
+    )
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(temp)}
+    command = [sys.executable, "-c", probe, str(script), "1" if session else "0"]
+    launcher = subprocess.Popen(command, env=env, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(500):
+            if alive(str(base + 2)):
+                break
+            time.sleep(0.02)
+        assert alive(str(base + 2)), "the script never started"
+        launcher.send_signal(signum)
+        code = launcher.wait(timeout=60)
+        for _ in range(250):  # the kernel's signal and the first process's cleanup take a moment
+            left = [alive(str(base + i)) for i in range(3)]
+            if left == [[], [], []]:
+                break
+            time.sleep(0.02)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+        for pid in [p for i in range(3) for p in alive(str(base + i))]:
+            os.kill(pid, signal.SIGKILL)
+    assert left == [[], [], []]
+    if signum == signal.SIGTERM:
+        assert code == 128 + signal.SIGTERM
+        assert list(temp.iterdir()) == []
+    else:
+        for leftover in temp.iterdir():  # SIGKILL leaves the launcher no time to remove it
+            shutil.rmtree(leftover)

@@ -17,7 +17,7 @@ import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +34,7 @@ _NAMESPACES = ("--mount", "--pid", "--fork", "--mount-proc", "--net", "--ipc", "
 _USER = ("--user", "--map-root-user")
 _PR_GET_DUMPABLE = 3
 _PR_SET_DUMPABLE = 4
+_PR_SET_PDEATHSIG = 1
 
 
 @dataclass(frozen=True)
@@ -138,11 +139,12 @@ def run_contained(
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         start_new_session=True,
+        preexec_fn=_dies_with_launcher(signal.SIGKILL if box.namespaces else signal.SIGTERM),
     )
     assert isinstance(proc.stderr, io.BufferedReader)
     tail = _Tail(proc.stderr, OUTPUT_TAIL)
     finished = False
-    with _undumpable():
+    with _undumpable(), _terminated_as_exit():
         try:
             finished = _exited(proc.pid, time.monotonic() + timeout)
         finally:  # also on Ctrl-C: the script's session does not get the terminal's signals
@@ -154,6 +156,38 @@ def run_contained(
     if not finished:
         return None
     return Finished(code, tail.text(), box.describe(_report(root)))
+
+
+@contextlib.contextmanager
+def _terminated_as_exit() -> Iterator[None]:
+    """SIGTERM to the launcher (``timeout``, ``kill``, a scheduler) unwinds it as Ctrl-C does: the script's
+    processes are killed and the trace's directory removed before it exits with 143. Only the main thread can
+    set a handler; elsewhere the default stays (the first process still dies with the launcher)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    before = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+def _dies_with_launcher(signum: int) -> Callable[[], None]:
+    """For the first process: the kernel sends it ``signum`` when the launcher dies, however it dies (SIGTERM,
+    SIGKILL, a crash), where no ``finally`` of the launcher runs. ``unshare`` gets SIGKILL (it then kills the
+    PID namespace, every process in it); the first process itself, without namespaces, gets SIGTERM and kills
+    what the script started. Looked up before the fork: the child only makes the one call."""
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+
+    def set_parent_death_signal() -> None:
+        prctl(_PR_SET_PDEATHSIG, signum, 0, 0, 0)
+
+    return set_parent_death_signal
 
 
 @contextlib.contextmanager
