@@ -148,7 +148,10 @@ def launch(tmp_path: Path) -> Iterator[Callable[..., Launch]]:
     home.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     env["HOME"] = str(home)
-    env["TMPDIR"] = str(ray_temp)  # the multiprocessing dirs a killed Ray process never removes go there too
+    # The multiprocessing dirs a killed process never removes go to a dir of this test's own (short: their
+    # listener sockets must fit in 107 bytes; not ray_temp, whose path marks the processes of this run).
+    mp_temp = Path(tempfile.mkdtemp(prefix="vslmp", dir="/tmp"))
+    env["TMPDIR"] = str(mp_temp)
     runs: list[Launch] = []
 
     def run(*extra: str) -> Launch:
@@ -174,6 +177,7 @@ def launch(tmp_path: Path) -> Iterator[Callable[..., Launch]]:
         for pid in result.alive():
             os.kill(pid, 9)
     shutil.rmtree(ray_temp, ignore_errors=True)
+    shutil.rmtree(mp_temp, ignore_errors=True)
 
 
 def _assert_clean_exit(result: Launch) -> None:

@@ -464,6 +464,9 @@ def test_ctrl_c_exits_130_with_one_line() -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # Ctrl-C as in a terminal, even where this test runs with SIGINT ignored (a background job of a
+        # non-interactive shell): Python installs its handler only when SIGINT is not ignored at start.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     # Interrupt once it is connecting to an address nobody answers (TEST-NET-1): Ray's extension is loaded. A
     # fixed sleep raced a slow start on a loaded machine.
@@ -473,7 +476,12 @@ def test_ctrl_c_exits_130_with_one_line() -> None:
         time.sleep(0.2)
     time.sleep(1)
     proc.send_signal(signal.SIGINT)
-    _out, err = proc.communicate(timeout=60)
+    try:
+        _out, err = proc.communicate(timeout=60)
+    finally:  # never hang the suite on a process that did not stop
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
     assert proc.returncode == 130
     assert [line for line in err.splitlines() if "gcs_client" not in line] == ["interrupted (Ctrl-C)"]
 

@@ -414,3 +414,59 @@ def test_a_script_that_cds_into_a_vendoring_project_reads_that_verl(tmp_path: Pa
         script.parent / "../project",
         "PYTHONPATH set by run.sh",
     )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("version", RELEASES)
+def test_run_launches_the_verl_it_checked(releases: Path, version: str, tmp_path: Path) -> None:
+    """``run --verl DIR``: verl's own validation runs on that copy, and Ray's workers import it (PYTHONPATH).
+
+    No GPU here: the nearest boundary is the dry run, which imports the copy and plans what Ray would get.
+    """
+    target = releases / version
+    example = ROOT / "launch_examples" / "grpo_6gpu.yaml"
+    cmd = [
+        sys.executable,
+        "-m",
+        "verl_safe_launch",
+        "run",
+        "--dry-run",
+        "--format",
+        "json",
+        "--verl",
+        str(target),
+    ]
+    cmd += ["-c", str(example), "--run-dir", str(tmp_path / "run"), "--force"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "VSL_HARDWARE_DETECT": "0"}
+    done = subprocess.run(
+        cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False
+    )
+    if (
+        version in NO_ENTRY_POINT
+    ):  # its modules cannot be imported with this venv's packages: said, not a crash
+        assert done.returncode == 3, done.stdout + done.stderr
+        assert (
+            f"verl at {target / 'verl'} (--verl) cannot be imported in this Python"
+            in done.stdout + done.stderr
+        )
+        return
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    env_vars = report["plan"]["ray_init"]["runtime_env"]["env_vars"]
+    assert env_vars["PYTHONPATH"].split(os.pathsep)[0] == str(target)
+    assert report["plan"]["task_runner"] == "verl.trainer.main_ppo.TaskRunner"  # these releases' v0 runner
+
+
+def test_a_verl_imported_from_elsewhere_is_not_launched_as_the_chosen_one(releases: Path) -> None:
+    import verl  # the installed one, as this test process already has it
+
+    from verl_safe_launch.errors import UsageError
+    from verl_safe_launch.launch import import_chosen_verl
+
+    assert verl.__file__ is not None
+    choose_verl(releases / "0.8.0", "--verl")
+    try:
+        with pytest.raises(UsageError, match="verl was already imported from"):
+            import_chosen_verl()
+    finally:
+        choose_verl(None)

@@ -103,9 +103,14 @@ def _run(ns: argparse.Namespace, args: Sequence[str], offset: int, out: Outcome)
     write_run_dir(run_dir, cfg, composed, pre, args, list(ns.overrides), forced, ns.config)
     out.data["run_dir"] = str(run_dir)
     out.say(f"run directory: {run_dir}")
-    _validate(cfg, run_dir)
-    out.say("verl's validate_config: passed")
-    plan = plan_launch(cfg, composed.view, run_dir, os.environ)
+    import_path = _import_chosen_verl()
+    if _validate(cfg, run_dir):
+        out.say("verl's validate_config: passed")
+    else:
+        out.say(
+            "verl's validate_config: this verl has none before Ray (its trainer validates the config once started)"
+        )
+    plan = plan_launch(cfg, composed.view, run_dir, os.environ, import_path)
     out.data["plan"] = plan.to_json()
     if ns.attach and plan.address is None:
         raise UsageError(
@@ -184,14 +189,21 @@ def write_run_dir(
     rundir.write_run_files(run_dir, record, inputs)
 
 
-def _validate(cfg: Any, run_dir: Path) -> None:
+def _validate(cfg: Any, run_dir: Path) -> bool:
     from verl_safe_launch.launch import validate_with_verl
 
     before = rundir.render_config(cfg)
-    validate_with_verl(cfg)
+    validated = validate_with_verl(cfg)
     after = rundir.render_config(cfg)
     if after != before:  # auto_set_device may switch trainer.device: record what verl will receive
         rundir.atomic_write(run_dir / rundir.CONFIG_FILE, after)
+    return validated
+
+
+def _import_chosen_verl() -> str | None:
+    from verl_safe_launch.launch import import_chosen_verl
+
+    return import_chosen_verl()
 
 
 def _local_gpus() -> int:

@@ -111,6 +111,7 @@ from verl_safe_launch.launch.verl_handoff import (
     check_cpus,
     check_gpus,
     failed_worker,
+    import_chosen_verl,
     local_gpu_count,
     validate_with_verl,
 )
@@ -178,6 +179,7 @@ __all__ = [
     "first_failure",
     "first_oom",
     "follow",
+    "import_chosen_verl",
     "install",
     "job_address",
     "job_runtime_env",

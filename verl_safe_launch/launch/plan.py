@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from verl_safe_launch.rules import CpuNeed, GpuNeed, cpu_need, gpu_need
 
 RUNNER_V1 = "verl.trainer.main_ppo.TaskRunnerV1"
 RUNNER_V0 = "verl.trainer.main_ppo_v0.TaskRunner"
+RUNNER_BEFORE_09 = "verl.trainer.main_ppo.TaskRunner"
 
 
 class LaunchBlocked(VslError):
@@ -73,13 +75,22 @@ def auth_mode(address: str | None, env: Mapping[str, str]) -> str:
 
 
 def apply_determinism_env(cfg: Any, environ: dict[str, str] | os._Environ[str]) -> None:
-    """The environment lines verl's ``run_ppo`` sets before ``ray.init`` (determinism, RL insight)."""
-    rollout = cfg.actor_rollout_ref.rollout
-    rm = cfg.reward.reward_model
-    if rollout.full_determinism or (rm.enable and rm.rollout.full_determinism):
+    """The environment lines verl's ``run_ppo`` sets before ``ray.init`` (determinism, RL insight).
+
+    Keys a release does not have (another verl chosen with ``--verl``) read as unset.
+    """
+    from omegaconf import OmegaConf
+
+    def flag(key: str) -> Any:
+        return OmegaConf.select(cfg, key, default=None)
+
+    rm_determinism = flag("reward.reward_model.enable") and flag(
+        "reward.reward_model.rollout.full_determinism"
+    )
+    if flag("actor_rollout_ref.rollout.full_determinism") or rm_determinism:
         environ["VERL_FULL_DETERMINISM"] = "1"
         environ["VLLM_BATCH_INVARIANT"] = "1"
-        environ["PYTHONHASHSEED"] = str(rollout.seed)
+        environ["PYTHONHASHSEED"] = str(flag("actor_rollout_ref.rollout.seed"))
     loggers = cfg.trainer.get("logger", [])
     if "rl_insight" in ([loggers] if isinstance(loggers, str) else loggers or []):
         environ["VERL_RL_INSIGHT_ENABLE"] = "1"
@@ -91,10 +102,13 @@ def runtime_env(cfg: Any, run_dir: Path) -> dict[str, Any]:
     from verl.trainer.constants_ppo import get_ppo_ray_runtime_env
 
     apply_determinism_env(cfg, os.environ)
-    default = get_ppo_ray_runtime_env(cfg)  # type: ignore[no-untyped-call]
-    if cfg.transfer_queue.enable:
+    takes_config = bool(
+        inspect.signature(get_ppo_ray_runtime_env).parameters
+    )  # releases before 0.9 take none
+    default = get_ppo_ray_runtime_env(cfg) if takes_config else get_ppo_ray_runtime_env()  # type: ignore[no-untyped-call]
+    if OmegaConf.select(cfg, "transfer_queue.enable", default=False):  # a node since 0.9
         default.setdefault("env_vars", {})["TRANSFER_QUEUE_ENABLE"] = "1"
-    user = cfg.ray_kwargs.get("ray_init", {}).get("runtime_env", {})
+    user = _ray_init(cfg).get("runtime_env") or {}
     merged: dict[str, Any] = OmegaConf.to_container(OmegaConf.merge(default, user), resolve=True)  # type: ignore[assignment]
     env_vars: dict[str, str] = dict(merged.get("env_vars") or {})
     merged["env_vars"] = env_vars
@@ -106,6 +120,17 @@ def runtime_env(cfg: Any, run_dir: Path) -> dict[str, Any]:
     return merged
 
 
+def _ray_init(cfg: Any) -> Any:
+    """The user's ``ray.init`` arguments: ``ray_kwargs.ray_init``, a top-level ``ray_init`` before verl 0.6."""
+    from omegaconf import OmegaConf
+
+    for key in ("ray_kwargs.ray_init", "ray_init"):
+        found = OmegaConf.select(cfg, key, default=None)
+        if found is not None:
+            return found
+    return {}
+
+
 def init_kwargs(cfg: Any, address: str | None, cpus: CpuNeed, runtime: dict[str, Any]) -> dict[str, Any]:
     """``ray.init`` arguments: the user's ``ray_kwargs.ray_init``, an explicit CPU count for a local Ray.
 
@@ -113,7 +138,8 @@ def init_kwargs(cfg: Any, address: str | None, cpus: CpuNeed, runtime: dict[str,
     """
     from omegaconf import OmegaConf
 
-    user: dict[str, Any] = OmegaConf.to_container(cfg.ray_kwargs.get("ray_init", {}), resolve=True)  # type: ignore[assignment]
+    ray_init = _ray_init(cfg)
+    user: dict[str, Any] = OmegaConf.to_container(ray_init, resolve=True) if ray_init else {}  # type: ignore[assignment]
     kwargs = {
         k: v for k, v in user.items() if v is not None and k not in ("runtime_env", "address", "num_cpus")
     }
@@ -139,16 +165,31 @@ def local_num_cpus(configured: object, cpus: CpuNeed) -> int:
     return configured
 
 
-def plan_launch(cfg: Any, view: ConfigView, run_dir: Path, env: Mapping[str, str]) -> LaunchPlan:
-    """Decide everything ``run`` will start; pure apart from reading verl's default runtime env."""
+def plan_launch(
+    cfg: Any, view: ConfigView, run_dir: Path, env: Mapping[str, str], import_path: str | None = None
+) -> LaunchPlan:
+    """Decide everything ``run`` will start; pure apart from reading verl's default runtime env.
+
+    ``import_path``: a directory Ray's workers must import verl from (``--verl``), put first on their PYTHONPATH.
+    """
     address, source = ray_address(view, env)
     gpus = gpu_need(view)
     cpus = cpu_need(view, gpus)
     runtime = runtime_env(cfg, run_dir)
+    if import_path is not None:
+        env_vars = runtime["env_vars"]
+        env_vars["PYTHONPATH"] = os.pathsep.join(p for p in (import_path, env_vars.get("PYTHONPATH")) if p)
     kwargs = init_kwargs(cfg, address, cpus, runtime)
-    runner = RUNNER_V1 if view.get("trainer.use_v1") else RUNNER_V0
+    runner = RUNNER_V1 if view.get("trainer.use_v1") else _v0_runner()
     auth = ray_auth(address, env)
     return LaunchPlan(address, source, auth, kwargs, gpus, cpus, runner, run_dir)
+
+
+def _v0_runner() -> str:
+    """verl's v0 task runner: in ``main_ppo_v0`` since 0.9, in ``main_ppo`` before (another verl, ``--verl``)."""
+    from verl_safe_launch.inputs import verl_package_dir
+
+    return RUNNER_V0 if (verl_package_dir() / "trainer" / "main_ppo_v0.py").is_file() else RUNNER_BEFORE_09
 
 
 def render_plan(plan: LaunchPlan) -> str:

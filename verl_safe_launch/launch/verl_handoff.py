@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.util
+import inspect
 import os
 import re
 import socket
@@ -13,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from verl_safe_launch.errors import LaunchError, UsageError
+from verl_safe_launch.inputs.verl_paths import verl_origin
 from verl_safe_launch.launch.deadline import within
 from verl_safe_launch.launch.hooks import RUN_DIR_ENV
 from verl_safe_launch.launch.model_access import describe_exception
@@ -27,11 +30,57 @@ ATTACH_TIMEOUT_ENV = "VSL_RAY_ATTACH_TIMEOUT"
 ATTACH_TIMEOUT_S = 60.0
 
 
-def validate_with_verl(cfg: Any) -> None:
-    """``auto_set_device`` then ``validate_config``, exactly as verl's ``main()`` calls them."""
-    from verl.trainer.ppo.utils import need_critic, need_reference_policy
-    from verl.utils.config import validate_config
-    from verl.utils.device import auto_set_device
+def import_chosen_verl() -> str | None:
+    """Make the verl the checks read (``--verl``, ``VSL_VERL``) the one this process and Ray's workers import.
+
+    Returns the directory put first on the import path (``None`` when that verl is the one Python finds anyway);
+    the launch passes it to Ray's workers as ``PYTHONPATH``. A verl imported from elsewhere before is refused.
+    """
+    package, origin = verl_origin()
+    loaded = sys.modules.get("verl")
+    if loaded is not None:
+        where = Path(getattr(loaded, "__file__", "") or "").parent
+        if where.resolve() != package.resolve():
+            raise UsageError(
+                f"verl was already imported from {where}, not from {package} ({origin})",
+                where=origin,
+                fix="launch from a fresh process: verl-safe-launch run --verl DIR ...",
+            )
+        return None
+    spec = importlib.util.find_spec("verl")
+    if (
+        spec is not None
+        and spec.origin is not None
+        and Path(spec.origin).parent.resolve() == package.resolve()
+    ):
+        return None
+    directory = str(package.parent)
+    sys.path.insert(0, directory)
+    importlib.invalidate_caches()
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (directory, os.environ.get("PYTHONPATH")) if p)
+    return directory
+
+
+def validate_with_verl(cfg: Any) -> bool:
+    """``auto_set_device`` then ``validate_config``, exactly as verl's ``main()`` calls them.
+
+    False when the verl in use has no driver-side ``validate_config`` (releases before 0.6 validate inside the
+    trainer, after Ray starts): nothing was validated here.
+    """
+    try:
+        from verl.trainer.ppo.utils import need_critic, need_reference_policy
+        from verl.utils.config import validate_config
+        from verl.utils.device import auto_set_device
+    except ImportError as exc:
+        if exc.name is not None and (exc.name == "verl" or exc.name.startswith("verl.")):
+            return False
+        package, origin = verl_origin()
+        raise LaunchError(
+            f"verl at {package} ({origin}) cannot be imported in this Python: {cause_line(exc)}",
+            where=f"{origin}: {package}",
+            fix="install the packages that verl release needs into this environment, or launch with the verl "
+            "installed here (without --verl)",
+        ) from None
 
     try:
         with contextlib.redirect_stdout(sys.stderr):  # verl prints progress; stdout is the report
@@ -47,6 +96,7 @@ def validate_with_verl(cfg: Any) -> None:
             where="verl.utils.config.validate_config, called as verl's main() calls it",
             fix="run 'verl-safe-launch check' with the same arguments to see every problem with its fix",
         ) from None
+    return True
 
 
 def cause_line(exc: BaseException) -> str:
@@ -222,9 +272,11 @@ def submit(cfg: Any, plan: LaunchPlan) -> None:
     """``run_ppo`` with verl's task runner; any failure becomes a one-line LaunchError naming the run directory."""
     from verl.trainer.main_ppo import run_ppo
 
-    runner = observed_runner(plan.task_runner)
     try:
-        run_ppo(cfg, task_runner_class=runner)
+        if "task_runner_class" in inspect.signature(run_ppo).parameters:
+            run_ppo(cfg, task_runner_class=observed_runner(plan.task_runner))
+        else:  # verl before 0.6 (--verl): its own runner, so no record of the config it received
+            run_ppo(cfg)  # type: ignore[call-arg]
     except Exception as exc:
         worker = failed_worker(exc)
         raise LaunchError(
