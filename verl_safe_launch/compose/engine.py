@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import copy
 import difflib
 import functools
 import importlib.resources
+import pickle
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -86,7 +86,7 @@ def compose(request: ComposeRequest) -> Composed:
     verl_tokens, tool = split_tool_tokens(request.overrides)
     parsed = [(parse_override(t), t) for t in verl_tokens]
     base, config_overrides = _verl_base(parsed, verl_tokens)
-    cfg = copy.deepcopy(base.cfg)
+    cfg = base.private_cfg()
     writes = list(base.writes)
     preset_name = request.preset or (tool.preset[0] if tool.preset else None)
     for layer_writes in _user_layers(preset_name, tool, request):
@@ -112,6 +112,15 @@ class _Base:
 
     cfg: Any
     writes: tuple[Write, ...]
+    pickled: bytes
+
+    @classmethod
+    def of(cls, cfg: Any, writes: tuple[Write, ...]) -> _Base:
+        return cls(cfg, writes, pickle.dumps(cfg, protocol=pickle.HIGHEST_PROTOCOL))
+
+    def private_cfg(self) -> Any:
+        """A copy of the config for one composition: unpickled, several times faster than ``copy.deepcopy``."""
+        return pickle.loads(self.pickled)
 
 
 _BASES: dict[tuple[str, ...], _Base] = {}
@@ -173,7 +182,7 @@ def _compose_verl(group_overrides: list[Any]) -> _Base:
 
     name = cached_defaults.defaults_name([o.input_line for o in group_overrides])
     cfg, writes = cached_defaults.from_bytes(cached_bytes(name, fresh))
-    return _Base(cfg, writes)
+    return _Base.of(cfg, writes)
 
 
 def _compose_fresh(group_overrides: list[Any]) -> tuple[Any, tuple[Write, ...]]:
