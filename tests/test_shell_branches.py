@@ -48,6 +48,17 @@ def test_a_condition_the_script_decides_picks_the_branch_bash_takes(head: str) -
     assert launch.worlds == ()
 
 
+def test_a_condition_decided_by_a_default_says_the_environment_could_change_it() -> None:
+    """``${CP:-1}``: bash takes the branch of the default when the environment does not set CP, and the report
+    says the default decided it, as it does for a value (the same ``env-default`` note)."""
+    text = f'if [ "${{CP:-1}}" -gt 1 ]; then A=x.cp=2; else A=x.cp=1; fi\n{LAUNCH} $A\n'
+    launch = one(text)
+    assert texts(launch) == bash_args(text) == ["x.cp=1"]
+    notes = [n for n in launch.notes if n.kind == "env-default"]
+    assert [(n.line, n.raw) for n in notes] == [(1, '"${CP:-1}"')]
+    assert "CP is not set in the script, so its default '1' is used" in notes[0].detail
+
+
 def test_branches_on_an_outside_value_are_possible_worlds() -> None:
     text = (
         'if [ "$NNODES" -gt 1 ]; then\n  RAY=(trainer.nnodes=2)\nelse\n  RAY=(trainer.nnodes=1)\nfi\n'

@@ -10,7 +10,7 @@ from __future__ import annotations
 import fnmatch
 from dataclasses import dataclass, field
 
-from verl_safe_launch.shell.expand import Env, Expander
+from verl_safe_launch.shell.expand import Env, Expander, Note
 from verl_safe_launch.shell.words import ArrayAssign, Word
 
 NONE_TAKEN = -1
@@ -83,6 +83,8 @@ class Ifs:
         self.worlds = worlds
         self.frames: list[_IfFrame] = []
         self.uncertain_points = 0
+        self.notes: list[Note] = []
+        """Defaults (``${NAME:-1}``) a condition used because the script does not set NAME: they chose a branch."""
 
     @property
     def uncertain(self) -> bool:
@@ -96,7 +98,7 @@ class Ifs:
         if first == "if":
             skipped = frame is not None and (frame.skipped or not frame.active)
             self.frames.append(_IfFrame(_line(items[0]), skipped))
-            self.frames[-1].conds.append(None if skipped else _condition(items[1:], env))
+            self.frames[-1].conds.append(None if skipped else _condition(items[1:], env, self.notes))
             self.frames[-1].join = end
             return None
         if frame is None:
@@ -105,7 +107,7 @@ class Ifs:
             self._close(self.frames.pop())
             return None
         if first == "elif":
-            frame.conds.append(_condition(items[1:], env))
+            frame.conds.append(_condition(items[1:], env, self.notes))
             frame.in_cond, frame.join = True, end
             return None
         if first in ("then", "else"):
@@ -116,7 +118,7 @@ class Ifs:
             rest = items[1:]
             return rest if rest and frame.active and not frame.skipped else None
         if frame.in_cond:
-            frame.conds[-1] = _join(frame.conds[-1], frame.join, _condition(items, env))
+            frame.conds[-1] = _join(frame.conds[-1], frame.join, _condition(items, env, self.notes))
             frame.join = end
             return None
         return items if frame.active and not frame.skipped else None
@@ -167,9 +169,9 @@ def _join(left: bool | None, op: str, right: bool | None) -> bool | None:
     return right
 
 
-def _condition(items: list[Word | ArrayAssign], env: Env) -> bool | None:
+def _condition(items: list[Word | ArrayAssign], env: Env, notes: list[Note]) -> bool | None:
     """A ``test``/``[``/``[[`` condition over values the script determines; None when it depends on others."""
-    words = [_value(item, env) for item in items]
+    words = [_value(item, env, notes) for item in items]
     negate = bool(words) and words[0] == "!"
     words = words[1:] if negate else words
     if len(words) < 2 or words[0] not in ("[", "[[", "test"):
@@ -213,11 +215,13 @@ def _line(item: Word | ArrayAssign) -> int:
     return item.line
 
 
-def _value(item: Word | ArrayAssign, env: Env) -> str | None:
-    """The word's one value when the script determines it, else None."""
+def _value(item: Word | ArrayAssign, env: Env, notes: list[Note]) -> str | None:
+    """The word's one value when the script determines it, else None (a default it used goes to ``notes``)."""
     if not isinstance(item, Word):
         return None
-    fields = Expander(env).word(item)
+    expander = Expander(env)
+    fields = expander.word(item)
+    notes.extend(expander.notes)
     if len(fields) == 0:
         return ""
     if len(fields) != 1 or fields[0].problem or fields[0].maybe or fields[0].args:

@@ -123,6 +123,8 @@ class _Reader:
             if self.cases.step(command.items, command.end, self.env) is not Step.READ or not command.items:
                 continue
             items = self.ifs.step(command.items, command.end, self.env)
+            self.notes.extend(ScriptNote("env-default", n.line, n.raw, n.detail) for n in self.ifs.notes)
+            self.ifs.notes.clear()
             if items:
                 self._command(replace(command, items=items))
         return tuple(self.launches)
