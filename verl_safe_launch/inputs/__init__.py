@@ -44,6 +44,7 @@ from verl_safe_launch.inputs.verl_paths import (
     package_in,
     verl_cache,
     verl_config_dir,
+    verl_origin,
     verl_package_dir,
 )
 from verl_safe_launch.inputs.yamlfile import YamlDoc, YamlLeaf, parse_yaml, read_yaml
@@ -98,6 +99,7 @@ __all__ = [
     "verl_cache",
     "verl_config_dir",
     "verl_files",
+    "verl_origin",
     "verl_package_dir",
     "verl_prefix",
     "verl_release",

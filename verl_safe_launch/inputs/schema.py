@@ -16,10 +16,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from verl_safe_launch.inputs.schema_ast import SCALARS, SourceReader, read_schema, targets_of, type_text
 from verl_safe_launch.inputs.verl_paths import verl_cache, verl_package_dir
 
 SCHEMA_FILE = "verl_schema.json"
-SCALARS = {int: "int", float: "float", bool: "bool", str: "str"}
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,6 @@ def load_schema() -> Mapping[str, Mapping[str, SchemaField]]:
     package = verl_package_dir()
     if not is_shipped_verl(package, data):
         from verl_safe_launch.inputs.knowledge import cached_fact
-        from verl_safe_launch.inputs.schema_ast import read_schema
 
         data = cached_fact("schema", lambda: read_schema(package))
     out: dict[str, dict[str, SchemaField]] = {}
@@ -107,8 +106,6 @@ def ship_schema(package: Path) -> dict[str, Any]:
     from verl_safe_launch.inputs.schema import ship_schema; print(json.dumps(ship_schema(verl_package_dir()),
     indent=1, sort_keys=True))" > verl_safe_launch/data/verl_schema.json``.
     """
-    from verl_safe_launch.inputs.schema_ast import SourceReader
-
     data = generate_schema(package / "trainer" / "config")
     reader = SourceReader(package)
     reader.schema(package / "trainer" / "config")
@@ -124,7 +121,7 @@ def generate_schema(config_dir: Path) -> dict[str, Any]:
 
     import verl
 
-    queue = sorted(_targets(config_dir))
+    queue = sorted(targets_of(config_dir))
     classes: dict[str, Any] = {}
     while queue:
         target = queue.pop(0)
@@ -150,33 +147,12 @@ def generate_schema(config_dir: Path) -> dict[str, Any]:
             fields[f.name] = {
                 "kinds": sorted(kinds),
                 "optional": optional,
-                "type": _text(kinds, optional, nested),
+                "type": type_text(kinds, optional, nested),
                 "default": _default(f),
                 "dataclass": nested[0] if kinds == {"dataclass"} and len(nested) == 1 else None,
             }
         classes[target] = fields
     return {"verl_version": verl.__version__, "classes": dict(sorted(classes.items()))}
-
-
-def _targets(config_dir: Path) -> set[str]:
-    import yaml
-
-    found: set[str] = set()
-
-    def walk(node: object) -> None:
-        if isinstance(node, dict):
-            for key, value in node.items():
-                if key == "_target_" and isinstance(value, str):
-                    found.add(value)
-                else:
-                    walk(value)
-        elif isinstance(node, list):
-            for value in node:
-                walk(value)
-
-    for path in sorted(config_dir.rglob("*.yaml")):
-        walk(yaml.safe_load(path.read_text(encoding="utf-8")))
-    return found
 
 
 def _describe(hint: Any) -> tuple[set[str], bool, list[str]]:
@@ -215,11 +191,6 @@ def _describe(hint: Any) -> tuple[set[str], bool, list[str]]:
 
 def _named(base: Any, name: str) -> bool:
     return getattr(base, "__name__", None) == name
-
-
-def _text(kinds: set[str], optional: bool, nested: list[str]) -> str:
-    names = [n.rpartition(".")[2] for n in nested] if kinds == {"dataclass"} else sorted(kinds)
-    return " | ".join([*names, *(["None"] if optional else [])])
 
 
 def _default(f: Any) -> str | None:

@@ -22,7 +22,37 @@ from pathlib import Path
 from typing import Any
 
 from verl_safe_launch.inputs.knowledge import read_version
-from verl_safe_launch.inputs.schema import SCALARS, _targets, _text
+
+SCALARS = {int: "int", float: "float", bool: "bool", str: "str"}
+
+
+def targets_of(config_dir: Path) -> set[str]:
+    """Every ``_target_`` class named in the YAML under ``config_dir``."""
+    import yaml
+
+    found: set[str] = set()
+
+    def walk(node: object) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key == "_target_" and isinstance(value, str):
+                    found.add(value)
+                else:
+                    walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    for path in sorted(config_dir.rglob("*.yaml")):
+        walk(yaml.safe_load(path.read_text(encoding="utf-8")))
+    return found
+
+
+def type_text(kinds: set[str], optional: bool, nested: list[str]) -> str:
+    """A field's type as the schema writes it (``int | None``, the nested dataclass's name)."""
+    names = [n.rpartition(".")[2] for n in nested] if kinds == {"dataclass"} else sorted(kinds)
+    return " | ".join([*names, *(["None"] if optional else [])])
+
 
 STDLIB = frozenset(
     {
@@ -515,7 +545,7 @@ class SourceReader:
         return sorted(out)
 
     def schema(self, config_dir: Path) -> dict[str, Any]:
-        queue = sorted(_targets(config_dir))
+        queue = sorted(targets_of(config_dir))
         classes: dict[str, Any] = {}
         while queue:
             target = queue.pop(0)
@@ -537,7 +567,7 @@ class SourceReader:
                 fields[f.name] = {
                     "kinds": sorted(kinds),
                     "optional": optional,
-                    "type": _text(kinds, optional, nested),
+                    "type": type_text(kinds, optional, nested),
                     "default": f.default,
                     "dataclass": nested[0] if kinds == {"dataclass"} and len(nested) == 1 else None,
                 }

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from verl_safe_launch.errors import LaunchError, UsageError
-from verl_safe_launch.inputs.verl_paths import verl_origin
+from verl_safe_launch.inputs import verl_origin
 from verl_safe_launch.launch.deadline import within
 from verl_safe_launch.launch.hooks import RUN_DIR_ENV
 from verl_safe_launch.launch.model_access import describe_exception
