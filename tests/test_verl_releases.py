@@ -21,8 +21,8 @@ from omegaconf import OmegaConf
 
 from verl_safe_launch.compose import compose
 from verl_safe_launch.inputs import ComposeRequest, choose_verl, cli_tokens, read_registries, verl_release
-from verl_safe_launch.inputs.schema import _targets, load_schema
-from verl_safe_launch.inputs.schema_ast import SourceReader, read_schema
+from verl_safe_launch.inputs.schema import load_schema
+from verl_safe_launch.inputs.schema_ast import SourceReader, read_schema, targets_of
 
 RELEASES = ("0.5.0", "0.6.1", "0.7.1", "0.8.0")
 NO_ENTRY_POINT = {"0.6.1": "its main_ppo imports transformers.AutoModelForVision2Seq, gone from this venv"}
@@ -151,7 +151,7 @@ def test_static_schema_equals_the_releases_dataclasses(releases: Path, version: 
     static = read_schema(package)
     assert static["verl_version"] == version
     reader = SourceReader(package)
-    defined = {t for t in _targets(package / "trainer" / "config") if reader.target(t) is not None}
+    defined = {t for t in targets_of(package / "trainer" / "config") if reader.target(t) is not None}
     assert defined and defined <= set(static["classes"])
     env = {**os.environ, "PYTHONPATH": f"{releases / version}{os.pathsep}{ROOT}"}
     cmd = [sys.executable, "-c", SCHEMA_ORACLE]
