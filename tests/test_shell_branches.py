@@ -59,6 +59,14 @@ def test_a_condition_decided_by_a_default_says_the_environment_could_change_it()
     assert "CP is not set in the script, so its default '1' is used" in notes[0].detail
 
 
+def test_a_case_decided_by_a_default_says_so_too() -> None:
+    text = f'case "${{ENGINE:-fsdp}}" in\n  megatron) A=x.e=m ;;\n  *) A=x.e=f ;;\nesac\n{LAUNCH} $A\n'
+    launch = one(text)
+    assert texts(launch) == bash_args(text) == ["x.e=f"]
+    notes = [n for n in launch.notes if n.kind == "env-default"]
+    assert [(n.line, n.raw) for n in notes] == [(1, '"${ENGINE:-fsdp}"')]
+
+
 def test_branches_on_an_outside_value_are_possible_worlds() -> None:
     text = (
         'if [ "$NNODES" -gt 1 ]; then\n  RAY=(trainer.nnodes=2)\nelse\n  RAY=(trainer.nnodes=1)\nfi\n'

@@ -171,7 +171,7 @@ def _join(left: bool | None, op: str, right: bool | None) -> bool | None:
 
 def _condition(items: list[Word | ArrayAssign], env: Env, notes: list[Note]) -> bool | None:
     """A ``test``/``[``/``[[`` condition over values the script determines; None when it depends on others."""
-    words = [_value(item, env, notes) for item in items]
+    words = [word_value(item, env, notes) for item in items]
     negate = bool(words) and words[0] == "!"
     words = words[1:] if negate else words
     if len(words) < 2 or words[0] not in ("[", "[[", "test"):
@@ -215,7 +215,7 @@ def _line(item: Word | ArrayAssign) -> int:
     return item.line
 
 
-def _value(item: Word | ArrayAssign, env: Env, notes: list[Note]) -> str | None:
+def word_value(item: Word | ArrayAssign, env: Env, notes: list[Note]) -> str | None:
     """The word's one value when the script determines it, else None (a default it used goes to ``notes``)."""
     if not isinstance(item, Word):
         return None
@@ -229,4 +229,4 @@ def _value(item: Word | ArrayAssign, env: Env, notes: list[Note]) -> str | None:
     return fields[0].text
 
 
-__all__ = ["MAX_WORLDS", "NONE_TAKEN", "Ifs", "Worlds", "next_worlds"]
+__all__ = ["MAX_WORLDS", "NONE_TAKEN", "Ifs", "Worlds", "next_worlds", "word_value"]

@@ -6,8 +6,8 @@ import fnmatch
 from dataclasses import dataclass, field
 from enum import Enum
 
-from verl_safe_launch.shell.branches import NONE_TAKEN, Worlds
-from verl_safe_launch.shell.expand import Env, Expander
+from verl_safe_launch.shell.branches import NONE_TAKEN, Worlds, word_value
+from verl_safe_launch.shell.expand import Env, Note
 from verl_safe_launch.shell.words import ArrayAssign, Word
 
 
@@ -38,6 +38,8 @@ class Cases:
         self.frames: list[_Frame] = []
         self.worlds = worlds or Worlds()
         self.uncertain_points = 0
+        self.notes: list[Note] = []
+        """Defaults (``${NAME:-x}``) a subject or pattern used because the script does not set NAME."""
 
     def step(self, items: list[Word | ArrayAssign], end: str, env: Env) -> Step:
         """Whether to read a command (its words ``items``, ended by the operator ``end``)."""
@@ -73,7 +75,9 @@ class Cases:
         if frame is not None and frame.subject is not None and (frame.skipped or not frame.active):
             self.frames.append(_Frame("", skipped=True))
             return Step.SKIP
-        subject = _value(items[1], env) if len(items) > 2 and _text(items[2]) == "in" else None
+        subject = (
+            word_value(items[1], env, self.notes) if len(items) > 2 and _text(items[2]) == "in" else None
+        )
         line = items[0].line
         if subject is None and self.worlds.enumerating and len(items) > 2:
             self.frames.append(_Frame("", world=line))
@@ -87,7 +91,7 @@ class Cases:
 
     def _pattern(self, frame: _Frame, items: list[Word | ArrayAssign], end: str, env: Env) -> None:
         for item in items:
-            text = _value(item, env)
+            text = word_value(item, env, self.notes)
             frame.patterns.append((text or "").lstrip("("))
         if end == ")":
             assert frame.subject is not None
@@ -116,17 +120,6 @@ def _text(item: Word | ArrayAssign) -> str | None:
     if isinstance(item, Word) and len(item.parts) == 1 and not item.parts[0].quoted:
         return item.parts[0].text
     return None
-
-
-def _value(item: Word | ArrayAssign, env: Env) -> str | None:
-    """The word's one value when the script determines it, else None."""
-    if not isinstance(item, Word):
-        return None
-    expander = Expander(env)
-    fields = expander.word(item)
-    if len(fields) != 1 or fields[0].problem or fields[0].maybe or fields[0].args:
-        return None
-    return fields[0].text
 
 
 __all__ = ["Cases", "Step"]

@@ -9,7 +9,7 @@ from verl_safe_launch.errors import InputError
 from verl_safe_launch.files import read_text_input
 from verl_safe_launch.shell.branches import MAX_WORLDS, Ifs, Worlds, next_worlds
 from verl_safe_launch.shell.cases import Cases, Step
-from verl_safe_launch.shell.expand import OPAQUE, Env, Expander, Scalar, apply_assignments
+from verl_safe_launch.shell.expand import OPAQUE, Env, Expander, Note, Scalar, apply_assignments
 from verl_safe_launch.shell.launch import MODULE, Export, LaunchBuilder, ScriptLaunch, ScriptNote, module_end
 from verl_safe_launch.shell.words import (
     ArrayAssign,
@@ -120,14 +120,20 @@ class _Reader:
             if self.function_depth:
                 self._command(command)
                 continue
-            if self.cases.step(command.items, command.end, self.env) is not Step.READ or not command.items:
+            read = self.cases.step(command.items, command.end, self.env)
+            self._defaults_that_chose(self.cases.notes)
+            if read is not Step.READ or not command.items:
                 continue
             items = self.ifs.step(command.items, command.end, self.env)
-            self.notes.extend(ScriptNote("env-default", n.line, n.raw, n.detail) for n in self.ifs.notes)
-            self.ifs.notes.clear()
+            self._defaults_that_chose(self.ifs.notes)
             if items:
                 self._command(replace(command, items=items))
         return tuple(self.launches)
+
+    def _defaults_that_chose(self, notes: list[Note]) -> None:
+        """A ``case`` or ``if`` decided by a default the script does not set: noted as a value's default is."""
+        self.notes.extend(ScriptNote("env-default", n.line, n.raw, n.detail) for n in notes)
+        notes.clear()
 
     def _command(self, command: SimpleCommand) -> None:
         items = list(command.items)
