@@ -209,29 +209,41 @@ def test_without_namespaces_the_launchers_environment_is_not_readable_through_pr
     assert "s3cr3t" not in done.stdout
 
 
-@pytest.mark.parametrize("session", [False, True], ids=["strongest", "session"])
-def test_ctrl_c_on_the_launcher_kills_the_script_and_all_it_started(session: bool, tmp_path: Path) -> None:
-    """The script has its own session (the terminal's Ctrl-C never reaches it): the launcher ends it on the way out."""
-    script = write(
-        tmp_path, f"sleep {BASE + 9} &\nsetsid sleep {BASE + 10} &\necho started >&2\nsleep {BASE + 11}\n"
-    )
-    # Ctrl-C as in a terminal: Python's own SIGINT handler, even where this test runs with SIGINT ignored (a
-    # background job of a non-interactive shell inherits SIG_IGN, and Python then installs no handler).
+def start_launcher(script: Path, session: bool, marker: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """``trace_script`` of ``script`` in a process of its own, returned once ``marker`` (a sleep) runs.
+
+    Ctrl-C as in a terminal: Python's own SIGINT handler, even where this test runs with SIGINT ignored (a
+    background job of a non-interactive shell inherits SIG_IGN, and Python then installs no handler).
+    """
     probe = (
         "import signal, sys\nfrom pathlib import Path\nfrom verl_safe_launch.shell import contain, trace_script\n"
         "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
         "if sys.argv[2] == '1':\n    contain.containment = lambda: contain.Containment((), namespaces=False)\n"
         "trace_script(Path(sys.argv[1]), timeout=600)\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     command = [sys.executable, "-c", probe, str(script), "1" if session else "0"]
-    launcher = subprocess.Popen(command, env=env, stderr=subprocess.DEVNULL)
+    launcher = subprocess.Popen(
+        command, env={**os.environ, "PYTHONPATH": str(ROOT), **env}, stderr=subprocess.DEVNULL
+    )
+    for _ in range(500):
+        if alive(marker):
+            break
+        time.sleep(0.02)
+    if not alive(marker):
+        launcher.kill()
+        launcher.wait()
+        pytest.fail("the script never started")
+    return launcher
+
+
+@pytest.mark.parametrize("session", [False, True], ids=["strongest", "session"])
+def test_ctrl_c_on_the_launcher_kills_the_script_and_all_it_started(session: bool, tmp_path: Path) -> None:
+    """The script has its own session (the terminal's Ctrl-C never reaches it): the launcher ends it on the way out."""
+    script = write(
+        tmp_path, f"sleep {BASE + 9} &\nsetsid sleep {BASE + 10} &\necho started >&2\nsleep {BASE + 11}\n"
+    )
+    launcher = start_launcher(script, session, str(BASE + 11), {})
     try:
-        for _ in range(500):
-            if alive(str(BASE + 11)):
-                break
-            time.sleep(0.02)
-        assert alive(str(BASE + 11)), "the script never started"
         launcher.send_signal(signal.SIGINT)
         launcher.wait(timeout=60)
         left = [alive(str(BASE + i)) for i in (9, 10, 11)]
@@ -255,22 +267,10 @@ def test_a_launcher_killed_from_outside_takes_the_script_with_it(
     script = write(
         tmp_path, f"sleep {base} &\nsetsid sleep {base + 1} &\necho started >&2\nsleep {base + 2}\n"
     )
-    probe = (
-        "import sys\nfrom pathlib import Path\nfrom verl_safe_launch.shell import contain, trace_script\n"
-        "if sys.argv[2] == '1':\n    contain.containment = lambda: contain.Containment((), namespaces=False)\n"
-        "trace_script(Path(sys.argv[1]), timeout=600)\n"
-    )
     temp = tmp_path / "tmp"
     temp.mkdir()
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(temp)}
-    command = [sys.executable, "-c", probe, str(script), "1" if session else "0"]
-    launcher = subprocess.Popen(command, env=env, stderr=subprocess.DEVNULL)
+    launcher = start_launcher(script, session, str(base + 2), {"TMPDIR": str(temp)})
     try:
-        for _ in range(500):
-            if alive(str(base + 2)):
-                break
-            time.sleep(0.02)
-        assert alive(str(base + 2)), "the script never started"
         launcher.send_signal(signum)
         code = launcher.wait(timeout=60)
         for _ in range(250):  # the kernel's signal and the first process's cleanup take a moment
