@@ -79,6 +79,8 @@ class Launch:
     ray_temp: Path
     home: Path
     seen: dict[int, dict[str, str]] = field(default_factory=dict)  # pid -> its RAY_AUTH_* variables
+    cmdlines: dict[int, str] = field(default_factory=dict)  # pid -> its command line at its last look
+    forks: set[int] = field(default_factory=set)  # seen only as the launcher's fork, before its exec
 
     def error_block(self) -> list[str]:
         """The launcher's own report: the last lines of stderr, from its ``error:`` line."""
@@ -114,29 +116,48 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
-def _auth_env(pid: int) -> dict[str, str]:
+def _environ(pid: int) -> list[bytes] | None:
     try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        return Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     except OSError:
-        return {}
+        return None
+
+
+def _auth_env(raw: list[bytes]) -> dict[str, str]:
     pairs = (item.decode(errors="replace").partition("=") for item in raw if item.startswith(b"RAY_AUTH"))
     return {name: value for name, _, value in pairs}
 
 
-def _watch(proc: subprocess.Popen[str], ray_temp: Path) -> dict[int, dict[str, str]]:
-    """Until ``proc`` exits: every process whose command line names the run's Ray temp dir, with its auth env."""
+def _watch(
+    proc: subprocess.Popen[str], ray_temp: Path
+) -> tuple[dict[int, dict[str, str]], dict[int, str], set[int]]:
+    """Until ``proc`` exits: every process whose command line names the run's Ray temp dir, with its auth env.
+
+    Each process is looked at again while it lives, and its last look counts: /proc shows a process's environment
+    as it was at its exec, so a child looked at between fork and exec shows its parent's. A child of the launcher
+    there has the launcher's command line and the environment the launcher was started with, from before the run
+    made its token; those still unchanged at their last look come back apart, as forks, so that the token can be
+    judged on the processes that exec'd with it while every process of the run still counts as one to outlive it.
+    """
     seen: dict[int, dict[str, str]] = {}
+    last_cmdline: dict[int, str] = {}
+    launcher = ""
     while proc.poll() is None:
+        launcher = launcher or _cmdline(proc.pid)
         for entry in Path("/proc").iterdir():
-            if (
-                entry.name.isdigit()
-                and int(entry.name) not in seen
-                and str(ray_temp) in _cmdline(int(entry.name))
-            ):
-                seen[int(entry.name)] = _auth_env(int(entry.name))
+            if not entry.name.isdigit() or int(entry.name) == proc.pid:
+                continue
+            pid = int(entry.name)
+            cmdline = _cmdline(pid)
+            if str(ray_temp) not in cmdline:
+                continue
+            raw = _environ(pid)
+            if raw is not None and _cmdline(pid) == cmdline:  # both read from one image, not across an exec
+                seen[pid] = _auth_env(raw)
+                last_cmdline[pid] = cmdline
         time.sleep(0.2)
-    seen.pop(proc.pid, None)  # the launcher itself (its command line names the temp dir too)
-    return seen
+    forks = {pid for pid, cmdline in last_cmdline.items() if launcher and cmdline == launcher}
+    return seen, last_cmdline, forks
 
 
 @pytest.fixture
@@ -165,10 +186,10 @@ def launch(tmp_path: Path) -> Iterator[Callable[..., Launch]]:
         argv += [*OVERRIDES, f"+ray_kwargs.ray_init._temp_dir={ray_temp}", *extra]
         with (tmp_path / "stderr.txt").open("w+") as sink:  # a file: Ray and verl are chatty
             proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=sink, text=True)
-            seen = _watch(proc, ray_temp)
+            seen, cmdlines, forks = _watch(proc, ray_temp)
             sink.seek(0)
             err = sink.read()
-        result = Launch(proc.wait(), err, run_dir, ray_temp, home, seen)
+        result = Launch(proc.wait(), err, run_dir, ray_temp, home, seen, cmdlines, forks)
         runs.append(result)
         return result
 
@@ -187,10 +208,14 @@ def _assert_clean_exit(result: Launch) -> None:
     while result.alive() and time.monotonic() < deadline:
         time.sleep(0.5)
     assert result.alive() == []
-    tokens = {env.get("RAY_AUTH_TOKEN") for env in result.seen.values()}
-    (token,) = tokens  # one token for every process of the run
+    execd = {pid: env for pid, env in result.seen.items() if pid not in result.forks}
+    tokens = {env.get("RAY_AUTH_TOKEN") for env in execd.values()}
+    assert len(tokens) == 1, {
+        pid: (env, result.cmdlines[pid]) for pid, env in execd.items()
+    }  # one for the whole run
+    (token,) = tokens
     assert token and len(token) >= 32
-    assert {env.get("RAY_AUTH_MODE") for env in result.seen.values()} == {"token"}
+    assert {env.get("RAY_AUTH_MODE") for env in execd.values()} == {"token"}
     assert not (result.home / ".ray").exists()
     for root in (result.run_dir, result.ray_temp):
         for path in root.rglob("*"):
