@@ -22,7 +22,8 @@ from omegaconf import OmegaConf
 from verl_safe_launch.compose import compose
 from verl_safe_launch.inputs import ComposeRequest, choose_verl, cli_tokens, read_registries, verl_release
 from verl_safe_launch.inputs.schema import load_schema
-from verl_safe_launch.inputs.schema_ast import SourceReader, read_schema, targets_of
+from verl_safe_launch.inputs.schema_ast import SourceReader, read_schema
+from verl_safe_launch.inputs.schema_shape import targets_of
 
 RELEASES = ("0.5.0", "0.6.1", "0.7.1", "0.8.0")
 NO_ENTRY_POINT = {"0.6.1": "its main_ppo imports transformers.AutoModelForVision2Seq, gone from this venv"}

@@ -16,7 +16,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from verl_safe_launch.inputs.schema_ast import SCALARS, SourceReader, read_schema, targets_of, type_text
+from verl_safe_launch.inputs.schema_shape import SCALARS, targets_of, type_text
 from verl_safe_launch.inputs.verl_paths import verl_cache, verl_package_dir
 
 SCHEMA_FILE = "verl_schema.json"
@@ -52,6 +52,7 @@ def load_schema() -> Mapping[str, Mapping[str, SchemaField]]:
     package = verl_package_dir()
     if not is_shipped_verl(package, data):
         from verl_safe_launch.inputs.knowledge import cached_fact
+        from verl_safe_launch.inputs.schema_ast import read_schema
 
         data = cached_fact("schema", lambda: read_schema(package))
     out: dict[str, dict[str, SchemaField]] = {}
@@ -106,6 +107,8 @@ def ship_schema(package: Path) -> dict[str, Any]:
     from verl_safe_launch.inputs.schema import ship_schema; print(json.dumps(ship_schema(verl_package_dir()),
     indent=1, sort_keys=True))" > verl_safe_launch/data/verl_schema.json``.
     """
+    from verl_safe_launch.inputs.schema_ast import SourceReader
+
     data = generate_schema(package / "trainer" / "config")
     reader = SourceReader(package)
     reader.schema(package / "trainer" / "config")
