@@ -140,14 +140,15 @@ class Clock:
 def main() -> None:
     count = int(sys.argv[1]) if len(sys.argv) > 1 and sys.argv[1].isdigit() else 200
     from verl_safe_launch.audit import audit, script_findings
-    from verl_safe_launch.cli._audit import Auditor
+    from verl_safe_launch.backends import bringup_findings
     from verl_safe_launch.compose import compose
+    from verl_safe_launch.preflight import Auditor
     from verl_safe_launch.shell import read_script
 
     with tempfile.TemporaryDirectory() as tmp:
         paths = generate(Path(tmp), count + 1)
         with Clock() as first:
-            auditor = Auditor()
+            auditor = Auditor(job_findings=bringup_findings)
             warm = auditor.script(paths[0])
         assert warm.error is None, warm.error
         scripts = paths[1:]

@@ -123,8 +123,8 @@ def out_of_memory(run_dir: Path) -> bool:
     import torch
 
     from verl_safe_launch.compose import compose
+    from verl_safe_launch.doctor import first_oom, load_fit, oom_report, read_records
     from verl_safe_launch.inputs import ComposeRequest
-    from verl_safe_launch.launch import first_oom, load_fit, oom_report, read_records
     from verl_safe_launch.preflight import rule_context
 
     worker = Worker(8)

@@ -46,7 +46,7 @@ def trace_rss(megabytes: int, folder: Path) -> str:
 
 
 def oom_scan(megabytes: int, folder: Path) -> str:
-    from verl_safe_launch.launch import find_ooms
+    from verl_safe_launch.doctor import find_ooms
 
     log = folder / "big.log"
     line = b"(TaskRunner pid=1) step:1 - actor/loss:0.125 " * 20 + b"\n"
@@ -85,7 +85,7 @@ class Endless(BaseHTTPRequestHandler):
 def endless_answer() -> str:
     import requests
 
-    from verl_safe_launch.launch import MAX_ANSWER_BYTES, AnswerTooLong, capped_answers
+    from verl_safe_launch.backends import MAX_ANSWER_BYTES, AnswerTooLong, capped_answers
 
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), Endless)
     httpd.daemon_threads = True

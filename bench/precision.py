@@ -30,10 +30,11 @@ sys.path.insert(0, str(ROOT / "tests"))
 from conftest import make_tiny_model  # noqa: E402
 from verl_oracle import verl_verdict  # noqa: E402
 
-from verl_safe_launch.cli._audit import Auditor  # noqa: E402
+from verl_safe_launch.backends import bringup_findings  # noqa: E402
 from verl_safe_launch.compose import compose  # noqa: E402
 from verl_safe_launch.findings import Severity  # noqa: E402
 from verl_safe_launch.inputs import OverrideToken  # noqa: E402
+from verl_safe_launch.preflight import Auditor  # noqa: E402
 from verl_safe_launch.provenance import Layer, Source  # noqa: E402
 from verl_safe_launch.shell import read_script, trace_script, traced_launches  # noqa: E402
 
@@ -77,7 +78,7 @@ def _verl_reason(request: Any, model: Path) -> str | None:
 
 def measure(expected: dict[str, Any]) -> dict[str, Any]:
     """Audit every corpus script statically and compare each launch with its expected outcome."""
-    auditor = Auditor()
+    auditor = Auditor(job_findings=bringup_findings)
     tally: dict[str, Any] = {
         "scripts": 0,
         "launches": 0,

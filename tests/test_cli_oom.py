@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import DATA, EXAMPLES, CliResult
 
-from verl_safe_launch.launch import find_ooms, scan_lines
+from verl_safe_launch.doctor import find_ooms, scan_lines
 
 LOGS = DATA / "oom"
 EXAMPLE = str(EXAMPLES / "grpo_6gpu.yaml")
@@ -195,7 +195,7 @@ def test_a_large_log_is_streamed_in_bounded_memory(tmp_path: Path) -> None:
 
 
 def test_many_oom_lines_are_counted_up_to_a_limit(tmp_path: Path) -> None:
-    from verl_safe_launch.launch import MAX_EVENTS
+    from verl_safe_launch.doctor import MAX_EVENTS
 
     line = (LOGS / "v1_compute_log_prob.log").read_text().splitlines()
     message = next(text for text in line if "CUDA out of memory" in text)

@@ -24,7 +24,8 @@ from pathlib import Path
 import pytest
 from conftest import make_tiny_model
 
-from verl_safe_launch.launch import NO_CUDA_FIX, NO_CUDA_NOTE, RUN_FILES, WORKERS_FILE, config_digest
+from verl_safe_launch.doctor import NO_CUDA_FIX
+from verl_safe_launch.launch import NO_CUDA_NOTE, RUN_FILES, WORKERS_FILE, config_digest
 
 pytestmark = pytest.mark.slow
 COMMAND = Path(sys.executable).with_name("verl-safe-launch")

@@ -12,13 +12,14 @@ import json
 import pytest
 from conftest import DATA
 
-from verl_safe_launch.cli._audit import Auditor
+from verl_safe_launch.backends import bringup_findings
 from verl_safe_launch.findings import Severity
+from verl_safe_launch.preflight import Auditor
 
 CORPUS = DATA / "scripts" / "corpus"
 EXPECTED = json.loads((CORPUS / "expected.json").read_text())
 SCRIPTS = sorted(CORPUS.glob("*.sh"))
-AUDITOR = Auditor()
+AUDITOR = Auditor(job_findings=bringup_findings)
 
 
 def test_corpus_is_large_and_fully_derived() -> None:

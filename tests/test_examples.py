@@ -78,9 +78,9 @@ def test_the_readme_branch_example_is_refused_by_verl_in_every_world(tmp_path: P
     from conftest import make_tiny_model
     from verl_oracle import verl_verdict
 
-    from verl_safe_launch.cli._audit import Auditor
     from verl_safe_launch.compose import compose
     from verl_safe_launch.inputs import OverrideToken
+    from verl_safe_launch.preflight import Auditor
     from verl_safe_launch.provenance import Layer, Source
     from verl_safe_launch.shell import read_script, trace_script, traced_launches
 

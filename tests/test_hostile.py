@@ -343,7 +343,7 @@ def test_slurm_options_follow_slurms_formats(
 
 @pytest.mark.parametrize("value", ["1-12", "90", "1:30", "24:00:00", "2-00:00:00", "UNLIMITED"])
 def test_slurm_time_formats_are_accepted(value: str) -> None:
-    from verl_safe_launch.launch import time_arg
+    from verl_safe_launch.backends import time_arg
 
     assert time_arg(value) == value
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import CliResult
 
-from verl_safe_launch.launch.postmortem import read_records
+from verl_safe_launch.doctor.postmortem import read_records
 from verl_safe_launch.shell.words import MAX_NESTING
 
 Cli = Callable[..., CliResult]

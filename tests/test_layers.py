@@ -31,6 +31,8 @@ STAGES: list[tuple[str, ...]] = [
     ("preflight",),
     ("render",),
     ("launch",),
+    ("backends",),
+    ("doctor",),
     ("cli", "__main__", ""),
 ]
 LEAVES = STAGES[0]
@@ -136,3 +138,47 @@ def test_top_level_stays_small() -> None:
     subpackages = [p for p in PACKAGE.iterdir() if (p / "__init__.py").is_file() and p.name != "data"]
     assert len(top) <= 12, sorted(p.name for p in top)
     assert len(subpackages) >= 5
+
+
+MAX_MODULE_LINES = 500
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: _module(p) or "__init__")
+def test_no_module_over_500_lines(path: Path) -> None:
+    """A module that outgrows this splits along its seams (STYLE.md, habit 17)."""
+    lines = len(path.read_text().splitlines())
+    assert lines <= MAX_MODULE_LINES, f"verl_safe_launch.{_module(path)} has {lines} lines"
+
+
+def _verb_modules() -> list[Path]:
+    """The verbs' own modules: every ``cli/_*.py`` but the shared argument handling."""
+    return sorted(p for p in (PACKAGE / "cli").glob("_*.py") if p.name not in ("__init__.py", "_common.py"))
+
+
+@pytest.mark.parametrize("path", _verb_modules(), ids=lambda p: p.stem)
+def test_a_verb_imports_no_other_verb(path: Path) -> None:
+    """What two verbs share lives below them, in a stage (or the argument handling of ``cli/_common.py``)."""
+    verbs = {f"cli.{p.stem}" for p in _verb_modules()}
+    others = sorted(dep for dep in _imports(path) if dep in verbs and dep != f"cli.{path.stem}")
+    assert others == [], f"cli/{path.name} imports other verbs: {others}"
+
+
+def test_the_verbs_are_found() -> None:
+    names = {p.stem for p in _verb_modules()}
+    assert {"_run", "_submit", "_slurm", "_kuberay", "_migrate", "_upgrade", "_audit"} <= names
+
+
+PACKAGES = sorted(p for p in PACKAGE.rglob("__init__.py") if "__pycache__" not in p.parts)
+
+
+@pytest.mark.parametrize("path", PACKAGES, ids=lambda p: _module(p) or "verl_safe_launch")
+def test_each_package_says_in_one_line_what_it_is_for(path: Path) -> None:
+    doc = ast.get_docstring(ast.parse(path.read_text()))
+    assert doc, f"{path.relative_to(PACKAGE.parent)} has no docstring"
+    assert "\n" not in doc.strip(), f"{path.relative_to(PACKAGE.parent)}: the docstring is more than one line"
+
+
+def test_every_stage_package_has_a_place() -> None:
+    """A new subpackage must be given its place among the stages (STAGES above)."""
+    for init in PACKAGE.glob("*/__init__.py"):
+        _stage(init.parent.name)

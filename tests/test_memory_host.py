@@ -13,7 +13,7 @@ from verl_safe_launch.compose import compose
 from verl_safe_launch.config_view import ConfigView
 from verl_safe_launch.context import HardwareFacts, RuleContext
 from verl_safe_launch.inputs import ComposeRequest, detect_hardware, load_architecture
-from verl_safe_launch.inputs.hardware import _meminfo, _slurm_memory
+from verl_safe_launch.inputs.machine import meminfo, slurm_memory
 from verl_safe_launch.inputs.overrides import cli_tokens, split_tool_tokens
 from verl_safe_launch.memory import GIB, memory_findings, model_params
 from verl_safe_launch.memory.estimate import estimate_memory
@@ -41,14 +41,14 @@ def context(changes: dict[str, object], host: float | None) -> RuleContext:
     ("value", "gib"), [("64000", 62.5), ("512G", 512.0), ("2T", 2048.0), ("0", None), ("lots", None)]
 )
 def test_slurm_mem_per_node(value: str, gib: float | None) -> None:
-    fact = _slurm_memory({"SLURM_MEM_PER_NODE": value})
+    fact = slurm_memory({"SLURM_MEM_PER_NODE": value})
     assert (fact.value if fact else None) == gib
 
 
 def test_meminfo_and_the_token(tmp_path: Path) -> None:
-    meminfo = tmp_path / "meminfo"
-    meminfo.write_text("MemTotal:       263854080 kB\nMemFree:        1000 kB\n")
-    fact = _meminfo(str(meminfo))
+    path = tmp_path / "meminfo"
+    path.write_text("MemTotal:       263854080 kB\nMemFree:        1000 kB\n")
+    fact = meminfo(str(path))
     assert fact is not None and fact.value == 251.6 and "MemTotal" in fact.source.reason
     _, tool = split_tool_tokens(cli_tokens(["hardware.host_memory_gb=512"]))
     assert detect_hardware(tool, {"SLURM_MEM_PER_NODE": "64G"}).facts().host_memory_gb == 512.0

@@ -21,19 +21,10 @@ from conftest import EXAMPLES
 from verl_safe_launch.cli._run import Outcome, after_run
 from verl_safe_launch.compose import compose
 from verl_safe_launch.context import RuleContext
+from verl_safe_launch.doctor import NO_CUDA_FIX, NO_FIT, oom_report, postmortem, read_records, render_peaks
 from verl_safe_launch.errors import LaunchError
 from verl_safe_launch.inputs import ComposeRequest, cli_tokens
-from verl_safe_launch.launch import (
-    NO_CUDA_FIX,
-    NO_FIT,
-    RUN_DIR_ENV,
-    STAGE_BY_NAME,
-    oom_report,
-    postmortem,
-    read_records,
-    render_peaks,
-    wrap_stage,
-)
+from verl_safe_launch.launch import RUN_DIR_ENV, STAGE_BY_NAME, wrap_stage
 from verl_safe_launch.memory import KnobFit
 from verl_safe_launch.preflight import rule_context
 

@@ -103,7 +103,7 @@ def test_a_parallel_size_from_the_environment_is_not_taken_as_one(tmp_path: obje
     """TP from ``$TP``: the data-parallel size is unknown, so a micro batch that fails at TP 1 cannot be verified."""
     from pathlib import Path
 
-    from verl_safe_launch.cli._audit import Auditor
+    from verl_safe_launch.preflight import Auditor
 
     path = Path(str(tmp_path)) / "run.sh"
     path.write_text(

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from conftest import DATA, CliResult
 
+from verl_safe_launch.backends import BRINGUP_RULES, bringup_findings
 from verl_safe_launch.findings import Finding, Severity
-from verl_safe_launch.launch import BRINGUP_RULES, bringup_findings
 from verl_safe_launch.shell import parse_gres, parse_job_script, read_job_script
 
 SBATCH = DATA / "sbatch"

@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from verl_safe_launch.cli._audit import Auditor
+from verl_safe_launch.preflight import Auditor
 from verl_safe_launch.shell import ScriptLaunch, parse_script
 
 LAUNCH = "python3 -m verl.trainer.main_ppo"

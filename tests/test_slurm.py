@@ -14,8 +14,8 @@ import pytest
 import yaml
 from conftest import DATA, CliResult, check_golden, short_temp_dir
 
+from verl_safe_launch.backends import Container, SlurmSpec, render_sbatch, sbatch_options
 from verl_safe_launch.errors import UsageError
-from verl_safe_launch.launch import Container, SlurmSpec, render_sbatch, sbatch_options
 
 SPEC_4X8 = SlurmSpec(
     nodes=4,
@@ -124,7 +124,7 @@ def test_shellcheck_finds_nothing(change: dict[str, object], tmp_path: Path) -> 
 def test_template_is_the_packaged_file() -> None:
     from importlib import resources
 
-    template = (resources.files("verl_safe_launch.launch") / "templates" / "job.sh").read_text()
+    template = (resources.files("verl_safe_launch.backends") / "templates" / "job.sh").read_text()
     body = template.split("# vsl-template: variables\n", 1)[1]
     assert render_sbatch(SPEC_4X8).endswith(body)
     assert "# vsl-template:" not in render_sbatch(SPEC_4X8)

@@ -6,9 +6,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from verl_safe_launch.compose import compose
-from verl_safe_launch.inputs import ComposeRequest, ToolSettings, cli_tokens, detect_hardware
-from verl_safe_launch.launch import (
+from verl_safe_launch.backends import (
     Joined,
     RayNode,
     allocation_lines,
@@ -16,6 +14,8 @@ from verl_safe_launch.launch import (
     missing_error,
     wait_for_nodes,
 )
+from verl_safe_launch.compose import compose
+from verl_safe_launch.inputs import ComposeRequest, ToolSettings, cli_tokens, detect_hardware
 
 SLURM_ENV = {
     "SLURM_JOB_ID": "7",

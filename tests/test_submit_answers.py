@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from conftest import EXAMPLES, CliResult
 
-from verl_safe_launch.launch import answers
+from verl_safe_launch.backends import answers
 
 GRPO = str(EXAMPLES / "grpo_6gpu.yaml")
 

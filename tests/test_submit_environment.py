@@ -15,7 +15,7 @@ import pytest
 from conftest import CliResult
 from test_submit import _free_port, _small_run
 
-from verl_safe_launch.launch import token_fix
+from verl_safe_launch.backends import token_fix
 
 
 @pytest.fixture(scope="module")

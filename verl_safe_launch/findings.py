@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Generic, TypeVar
@@ -87,3 +87,10 @@ def run_table(rules: Iterable[Rule[C]], ctx: C, has: Callable[[str], bool] | Non
         if has is None or all(has(need) for need in entry.needs):
             findings.extend(entry.check(ctx))
     return findings
+
+
+def verdict(findings: Sequence[Finding], unread: int = 0) -> str:
+    """``go`` when nothing blocks the launch, ``no-go`` when something does, ``unverified`` when parts were not read."""
+    if any(f.severity is Severity.ERROR for f in findings):
+        return "no-go"
+    return "unverified" if unread else "go"

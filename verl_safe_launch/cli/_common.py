@@ -1,16 +1,27 @@
-"""Shared pieces of the verbs: an argparse parser that raises UsageError, and compose from arguments."""
+"""Shared pieces of the verbs: an argparse parser that raises UsageError, and compose from arguments (for the
+launch, or for a declared allocation)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any, NoReturn
 
 from verl_safe_launch.compose import Composed, require_accepted
 from verl_safe_launch.errors import UsageError
-from verl_safe_launch.inputs import request_from_args
-from verl_safe_launch.presets import compose_for_launch
+from verl_safe_launch.inputs import (
+    DETECT_ENV,
+    HardwareProfile,
+    OverrideToken,
+    detect_hardware,
+    hardware_fills,
+    request_from_args,
+    split_tool_tokens,
+)
+from verl_safe_launch.presets import compose_for_launch, compose_with_preset
+from verl_safe_launch.provenance import Layer, Source
 from verl_safe_launch.render import json_text
 
 
@@ -78,6 +89,39 @@ def compose_from_args(ns: argparse.Namespace, args: Sequence[str], offset: int) 
     """
     request = request_from_args(ns, args, offset)
     return require_accepted(compose_for_launch(request, fit=bool(getattr(ns, "fit", False))))
+
+
+def compose_for_allocation(
+    ns: argparse.Namespace, args: Sequence[str], offset: int
+) -> tuple[Composed, HardwareProfile]:
+    """Compose for the declared allocation only: nothing is read from the machine this runs on."""
+    overrides = list(ns.overrides)
+    for text in overrides:
+        if text.split("=", 1)[0] in ("hardware.nodes", "hardware.gpus_per_node"):
+            raise UsageError(
+                f"'{text}': the allocation is given with --nodes and --gpus-per-node",
+                where="command line",
+                fix="drop it and pass --nodes / --gpus-per-node",
+            )
+    base = request_from_args(ns, args, offset)
+    tokens = base.overrides + tuple(
+        _option_token(args, offset, flag, f"hardware.{name}={value}")
+        for flag, name, value in (
+            ("--nodes", "nodes", ns.nodes),
+            ("--gpus-per-node", "gpus_per_node", ns.gpus_per_node),
+        )
+    )
+    tool_profile = detect_hardware(split_tool_tokens(tokens)[1], env={DETECT_ENV: "0"})
+    request = replace(base, overrides=tokens, fills=hardware_fills(tool_profile))
+    return compose_with_preset(request, tool_profile), tool_profile
+
+
+def _option_token(args: Sequence[str], offset: int, flag: str, text: str) -> OverrideToken:
+    index = next((i for i, a in enumerate(args) if a == flag or a.startswith(flag + "=")), None)
+    position = None if index is None else index + 1 + offset
+    value = text.split("=", 1)[1]
+    raw = f"{flag} {value}" if index is not None else f"{flag} {value}, the default"
+    return OverrideToken(text, Source(Layer.CLI, arg_index=position, raw=raw))
 
 
 def print_json(data: Any) -> None:

@@ -8,21 +8,20 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from verl_safe_launch.cli._common import add_compose_args, make_parser, parse
-from verl_safe_launch.cli._slurm import compose_for_allocation
-from verl_safe_launch.context import RuleContext
-from verl_safe_launch.errors import EXIT_OK, EXIT_PREFLIGHT, InputError, UsageError
-from verl_safe_launch.files import write_atomic
-from verl_safe_launch.launch import (
+from verl_safe_launch.backends import (
     KubeRaySpec,
     check_name,
     check_reference,
     kuberay,
-    node_need,
     parse_selector,
     parse_toleration,
     slurm,
 )
+from verl_safe_launch.cli._common import add_compose_args, compose_for_allocation, make_parser, parse
+from verl_safe_launch.context import RuleContext
+from verl_safe_launch.errors import EXIT_OK, EXIT_PREFLIGHT, InputError, UsageError
+from verl_safe_launch.files import write_atomic
+from verl_safe_launch.launch import node_need
 from verl_safe_launch.memory import estimate_memory
 from verl_safe_launch.preflight import launch_preflight
 from verl_safe_launch.render import escape, render_findings_text

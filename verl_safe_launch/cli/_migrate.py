@@ -19,10 +19,11 @@ from verl_safe_launch.audit import (
     plan_upgrade,
     render_yaml,
 )
+from verl_safe_launch.backends import plan_job
 from verl_safe_launch.cli._common import make_parser, parse
 from verl_safe_launch.compose import compose
 from verl_safe_launch.config_view import ConfigView
-from verl_safe_launch.errors import EXIT_OK, InputError, UsageError
+from verl_safe_launch.errors import EXIT_OK, InputError
 from verl_safe_launch.files import check_target, write_atomic
 from verl_safe_launch.findings import has_errors
 from verl_safe_launch.inputs import (
@@ -33,10 +34,15 @@ from verl_safe_launch.inputs import (
     detect_hardware,
     split_tool_tokens,
 )
-from verl_safe_launch.launch import plan_job
 from verl_safe_launch.preflight import run_preflight
 from verl_safe_launch.render import escape, summary_line
-from verl_safe_launch.shell import JobScript, ScriptLaunch, read_job_script, read_script, seeded_env
+from verl_safe_launch.shell import (
+    JobScript,
+    choose_launch,
+    read_job_script,
+    read_script,
+    seeded_env,
+)
 
 EXAMPLES = """\
   verl-safe-launch migrate run_qwen2-7b_grpo.sh -o run.yaml
@@ -154,17 +160,3 @@ def preflight_note(migration: Migration, output: Path) -> str:
     if has_errors(pre.findings):
         line += f"; see them with: {check_command(migration)}"
     return line
-
-
-def choose_launch(launches: tuple[ScriptLaunch, ...], wanted: int | None, script: str) -> ScriptLaunch:
-    """The launch ``--launch N`` names, or the only one; a usage error otherwise."""
-    if wanted is None and len(launches) == 1:
-        return launches[0]
-    choices = ", ".join(f"{launch.index} (line {launch.line})" for launch in launches)
-    if wanted is None:
-        raise UsageError(
-            f"{script} has {len(launches)} launches: {choices}", fix="choose one with --launch N"
-        )
-    if not 1 <= wanted <= len(launches):
-        raise UsageError(f"{script} has no launch {wanted}", where="--launch", fix=f"use one of: {choices}")
-    return launches[wanted - 1]

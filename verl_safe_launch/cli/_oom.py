@@ -10,9 +10,7 @@ from typing import Any
 
 from verl_safe_launch.cli._common import add_compose_args, make_parser, parse, print_json
 from verl_safe_launch.compose import require_accepted
-from verl_safe_launch.errors import EXIT_OK, InputError
-from verl_safe_launch.inputs import request_from_args
-from verl_safe_launch.launch import (
+from verl_safe_launch.doctor import (
     MAX_EVENTS,
     OomEvent,
     diagnose,
@@ -22,6 +20,8 @@ from verl_safe_launch.launch import (
     read_records,
     render_diagnosis,
 )
+from verl_safe_launch.errors import EXIT_OK, InputError
+from verl_safe_launch.inputs import request_from_args
 from verl_safe_launch.preflight import rule_context
 from verl_safe_launch.presets import compose_for_launch
 

@@ -3,21 +3,18 @@
 from __future__ import annotations
 
 import argparse
-import copy
 import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from verl_safe_launch.cli._common import add_compose_args, compose_from_args, make_parser, parse, print_json
-from verl_safe_launch.compose import Composed
 from verl_safe_launch.errors import EXIT_LAUNCH, EXIT_OK, EXIT_PREFLIGHT, UsageError, VslError
 from verl_safe_launch.files import check_text_name
 from verl_safe_launch.findings import Finding
-from verl_safe_launch.launch import LaunchBlocked, LaunchPlan, plan_launch, render_plan, rundir
+from verl_safe_launch.launch import LaunchPlan, plan_launch, render_plan, rundir
 from verl_safe_launch.preflight import Preflight, launch_preflight
 from verl_safe_launch.render import escape_lines, json_document, json_text, render_findings_text
 
@@ -96,11 +93,11 @@ def _run(ns: argparse.Namespace, args: Sequence[str], offset: int, out: Outcome)
             out.say("Nothing was started: fix the errors above, or pass --force to launch anyway.")
             return out.finish("preflight-failed", EXIT_PREFLIGHT)
         forced.append("pre-flight errors")
-    cfg = resolved_config(composed)
+    cfg = rundir.resolved_config(composed)
     for text in (*args, os.getcwd()):  # each is written into the run directory: refuse before creating it
         check_text_name(text, where="command line" if text in args else "working directory")
-    run_dir = choose_run_dir(ns, forced)
-    write_run_dir(run_dir, cfg, composed, pre, args, list(ns.overrides), forced, ns.config)
+    run_dir = rundir.choose_run_dir(ns.run_dir, ns.force, forced)
+    rundir.write_run_dir(run_dir, cfg, composed, pre.findings, args, list(ns.overrides), forced, ns.config)
     out.data["run_dir"] = str(run_dir)
     out.say(f"run directory: {run_dir}")
     import_path = _import_chosen_verl()
@@ -141,52 +138,6 @@ def _check_model(cfg: Any, plan: LaunchPlan) -> None:
     error = model_access_error(str(path), os.environ, plan.run_dir) if path else None
     if error is not None:
         raise error
-
-
-def resolved_config(composed: Composed) -> Any:
-    """A resolved copy of the composed config: what config.yaml holds and what verl receives."""
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
-    cfg = copy.deepcopy(composed.cfg)
-    try:
-        OmegaConf.resolve(cfg)
-    except OmegaConfBaseException as exc:
-        first = str(exc).splitlines()[0]
-        raise LaunchBlocked(
-            f"the config does not resolve: {first}", fix="run 'verl-safe-launch check'"
-        ) from None
-    return cfg
-
-
-def choose_run_dir(ns: argparse.Namespace, forced: list[str]) -> Path:
-    """The run directory: --run-dir, else outputs/<date>/<time>; a non-empty one only with --force."""
-    if ns.run_dir is None:
-        return rundir.auto_run_dir(datetime.now())
-    if rundir.is_non_empty(ns.run_dir) and ns.force:
-        forced.append("non-empty run directory")
-    return rundir.prepare_run_dir(ns.run_dir, force=ns.force)
-
-
-def write_run_dir(
-    run_dir: Path,
-    cfg: Any,
-    composed: Composed,
-    pre: Preflight,
-    args: Sequence[str],
-    overrides: list[str],
-    forced: list[str],
-    inputs: Sequence[str],
-) -> None:
-    """config.yaml, overrides, provenance, the pre-flight report and the reproducing command."""
-    record = rundir.RunRecord(
-        config_yaml=rundir.render_config(cfg),
-        overrides=tuple(overrides),
-        provenance=rundir.provenance_json(composed.view),
-        preflight=rundir.preflight_json(pre.findings, forced),
-        command=rundir.reproduce_command(args, Path.cwd(), os.environ),
-    )
-    rundir.write_run_files(run_dir, record, inputs)
 
 
 def _validate(cfg: Any, run_dir: Path) -> bool:
@@ -267,7 +218,7 @@ def _check_nodes(pre: Preflight, where: str, force: bool, forced: list[str]) -> 
 def after_run(plan: LaunchPlan, pre: Preflight, failure: VslError | None, out: Outcome) -> int:
     """Report how the launch ended: an OOM record in the run directory wins over the Ray error it caused
     (exit 3 with the fix); another failure is raised; else measured against estimated peaks (exit 0)."""
-    from verl_safe_launch.launch import postmortem
+    from verl_safe_launch.doctor import postmortem
 
     records = postmortem.read_records(plan.run_dir)
     oom = postmortem.first_oom(records)

@@ -10,34 +10,24 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from pathlib import Path
 
+from verl_safe_launch.backends import cpus_per_task, slurm
 from verl_safe_launch.cli._common import (
     add_compose_args,
+    compose_for_allocation,
     compose_from_args,
     make_parser,
     parse,
     print_json,
 )
-from verl_safe_launch.compose import Composed
-from verl_safe_launch.config_view import ConfigView
 from verl_safe_launch.errors import EXIT_OK, EXIT_PREFLIGHT, LaunchError, UsageError
 from verl_safe_launch.files import check_target, write_files
-from verl_safe_launch.findings import Finding, Severity, has_errors
+from verl_safe_launch.findings import Finding, has_errors
 from verl_safe_launch.inputs import (
-    DETECT_ENV,
-    HardwareProfile,
-    OverrideToken,
     detect_hardware,
-    hardware_fills,
-    request_from_args,
-    split_tool_tokens,
 )
-from verl_safe_launch.launch import slurm, slurm_audit
 from verl_safe_launch.preflight import launch_preflight
-from verl_safe_launch.presets import compose_with_preset
-from verl_safe_launch.provenance import Layer, Source
 from verl_safe_launch.render import escape, json_document, render_findings_text
 
 EXAMPLES = """\
@@ -134,7 +124,7 @@ def _write_job(args: Sequence[str], offset: int) -> int:
         check_target(path, force=ns.force, inputs=ns.config, where="command line (-o)")
     composed, profile = compose_for_allocation(ns, args, offset)
     pre = launch_preflight(composed, "slurm", profile)
-    cpus, cpu_finding = _cpus_per_task(composed.view, ns.cpus_per_task, ns.nodes)
+    cpus, cpu_finding = cpus_per_task(composed.view, ns.cpus_per_task, ns.nodes)
     findings = [*pre.findings, *([cpu_finding] if cpu_finding else [])]
     spec = _spec(ns, script, config, cpus, slurm.argv_overrides(composed))
     slurm.validate_spec(spec)
@@ -171,57 +161,6 @@ def _config_path(script: Path) -> Path:
             fix="name the script JOB.sbatch; JOB.yaml is written beside it",
         )
     return config
-
-
-def compose_for_allocation(
-    ns: argparse.Namespace, args: Sequence[str], offset: int
-) -> tuple[Composed, HardwareProfile]:
-    """Compose for the declared allocation only: nothing is read from the machine this runs on."""
-    overrides = list(ns.overrides)
-    for text in overrides:
-        if text.split("=", 1)[0] in ("hardware.nodes", "hardware.gpus_per_node"):
-            raise UsageError(
-                f"'{text}': the allocation is given with --nodes and --gpus-per-node",
-                where="command line",
-                fix="drop it and pass --nodes / --gpus-per-node",
-            )
-    base = request_from_args(ns, args, offset)
-    tokens = base.overrides + tuple(
-        _option_token(args, offset, flag, f"hardware.{name}={value}")
-        for flag, name, value in (
-            ("--nodes", "nodes", ns.nodes),
-            ("--gpus-per-node", "gpus_per_node", ns.gpus_per_node),
-        )
-    )
-    tool_profile = detect_hardware(split_tool_tokens(tokens)[1], env={DETECT_ENV: "0"})
-    request = replace(base, overrides=tokens, fills=hardware_fills(tool_profile))
-    return compose_with_preset(request, tool_profile), tool_profile
-
-
-def _option_token(args: Sequence[str], offset: int, flag: str, text: str) -> OverrideToken:
-    index = next((i for i, a in enumerate(args) if a == flag or a.startswith(flag + "=")), None)
-    position = None if index is None else index + 1 + offset
-    value = text.split("=", 1)[1]
-    raw = f"{flag} {value}" if index is not None else f"{flag} {value}, the default"
-    return OverrideToken(text, Source(Layer.CLI, arg_index=position, raw=raw))
-
-
-def _cpus_per_task(view: ConfigView, given: int | None, nodes: int) -> tuple[int, Finding | None]:
-    """CPUs per node for Ray: what the run reserves per node by default; refuse fewer when given."""
-    need, bundles, per_node = slurm_audit.ray_cpus_per_node(view, nodes)
-    if given is None:
-        return per_node, None
-    if given >= bundles and given * nodes >= need.total:
-        return given, None
-    return given, Finding(
-        "slurm-ray-cpus",
-        Severity.ERROR,
-        ("trainer.n_gpus_per_node",),
-        f"--cpus-per-task {given} gives Ray {given} CPUs per node, but this run reserves "
-        f"{need.describe()} Ray CPUs, {bundles} of them on every node; verl would wait forever for them",
-        f"--cpus-per-task {per_node} (or leave it out: that is the default)",
-        (("--cpus-per-task", given, Source(Layer.CLI, raw=f"--cpus-per-task {given}")),),
-    )
 
 
 def _spec(
@@ -287,7 +226,7 @@ def _report(
 
 def _preflight(args: Sequence[str], offset: int) -> int:
     """The pre-flight against the allocation this runs in (Slurm environment, nvidia-smi)."""
-    from verl_safe_launch.launch import allocation_lines
+    from verl_safe_launch.backends import allocation_lines
 
     parser = make_parser("slurm preflight", "The pre-flight against the Slurm allocation.", IN_JOB_EXAMPLES)
     add_compose_args(parser)
@@ -306,7 +245,7 @@ def _preflight(args: Sequence[str], offset: int) -> int:
 
 def _wait_ray(args: Sequence[str], offset: int) -> int:
     """Wait until every host's Ray node has joined the job's cluster, or name the ones missing."""
-    from verl_safe_launch.launch import slurm_job
+    from verl_safe_launch.backends import slurm_job
 
     parser = make_parser("slurm wait-ray", "Wait until every node's Ray has joined.", IN_JOB_EXAMPLES)
     parser.add_argument("--address", required=True, help="the Ray head's GCS address (host:port)")

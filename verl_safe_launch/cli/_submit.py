@@ -11,18 +11,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from verl_safe_launch.cli._common import add_compose_args, compose_from_args, make_parser, parse
-from verl_safe_launch.cli._run import choose_run_dir, resolved_config, write_run_dir
-from verl_safe_launch.compose import Composed
-from verl_safe_launch.environment import MISSING_FIX, MISSING_MARK
-from verl_safe_launch.errors import EXIT_OK, EXIT_PREFLIGHT, UsageError
-from verl_safe_launch.findings import has_errors
-from verl_safe_launch.launch import (
+from verl_safe_launch.backends import (
     JOB_CONFIG,
     JOB_FILE,
     AnswerTooLong,
     JobTarget,
-    auth_env,
     capped_answers,
     client,
     cluster_nodes,
@@ -31,13 +24,15 @@ from verl_safe_launch.launch import (
     follow,
     job_address,
     job_runtime_env,
-    node_findings,
-    node_need,
-    ray_auth,
-    rundir,
     slurm,
     wait,
 )
+from verl_safe_launch.cli._common import add_compose_args, compose_from_args, make_parser, parse
+from verl_safe_launch.compose import Composed
+from verl_safe_launch.environment import MISSING_FIX, MISSING_MARK
+from verl_safe_launch.errors import EXIT_OK, EXIT_PREFLIGHT, UsageError
+from verl_safe_launch.findings import has_errors
+from verl_safe_launch.launch import auth_env, node_findings, node_need, ray_auth, rundir
 from verl_safe_launch.preflight import Preflight, launch_preflight
 from verl_safe_launch.render import render_findings_text
 
@@ -116,9 +111,9 @@ def _submit(
     job_client: Any,
 ) -> int:
     forced = ["pre-flight errors"] if not pre.ok else []
-    cfg = resolved_config(composed)
-    run_dir = choose_run_dir(ns, forced)
-    write_run_dir(run_dir, cfg, composed, pre, args, list(ns.overrides), forced, ns.config)
+    cfg = rundir.resolved_config(composed)
+    run_dir = rundir.choose_run_dir(ns.run_dir, ns.force, forced)
+    rundir.write_run_dir(run_dir, cfg, composed, pre.findings, args, list(ns.overrides), forced, ns.config)
     values = {k: v for k, v in slurm.user_layer(composed.view).items() if k != "ray_kwargs.ray_init.address"}
     rundir.atomic_write(run_dir / JOB_CONFIG, slurm.render_user_yaml(values))
     command = entrypoint(JOB_CONFIG, slurm.argv_overrides(composed))

@@ -34,14 +34,13 @@ from verl_safe_launch.audit import (
     render_yaml,
 )
 from verl_safe_launch.cli._common import add_format_arg, make_parser, parse, print_json
-from verl_safe_launch.cli._migrate import choose_launch
-from verl_safe_launch.cli._upgrade_advice import verify_advice
 from verl_safe_launch.compose import compose
 from verl_safe_launch.errors import EXIT_OK, UsageError
 from verl_safe_launch.files import check_target, check_text_name, ensure_directory, write_atomic
 from verl_safe_launch.inputs import OverrideToken, read_yaml
+from verl_safe_launch.preflight import verify_advice
 from verl_safe_launch.provenance import Layer, Source
-from verl_safe_launch.shell import ScriptLaunch, override_key, read_script
+from verl_safe_launch.shell import ScriptLaunch, choose_launch, override_key, read_script
 
 EXAMPLES = """\
   verl-safe-launch upgrade run_qwen_grpo_v05.sh -o upgraded/

@@ -1,0 +1,1 @@
+"""Data files generated from verl and its releases: schema, config history, renames, architectures."""

@@ -6,15 +6,11 @@ from verl_safe_launch.inputs.architecture import from_config_dict, load_architec
 from verl_safe_launch.inputs.hardware import (
     DETECT_ENV,
     GPU_KEYS,
-    Fact,
-    HardwareProfile,
     as_profile,
     count_of,
     detect_hardware,
     hardware_fills,
     hardware_findings,
-    merge_profiles,
-    slurm_mem_gib,
 )
 from verl_safe_launch.inputs.keytypes import (
     KeyFacts,
@@ -26,6 +22,7 @@ from verl_safe_launch.inputs.keytypes import (
     verl_prefix,
 )
 from verl_safe_launch.inputs.knowledge import cache_root, cached_bytes, cached_fact, knowledge_dir
+from verl_safe_launch.inputs.machine import slurm_mem_gib
 from verl_safe_launch.inputs.overrides import (
     OverrideToken,
     ToolSettings,
@@ -33,6 +30,7 @@ from verl_safe_launch.inputs.overrides import (
     parse_override,
     split_tool_tokens,
 )
+from verl_safe_launch.inputs.profile import Fact, HardwareProfile, merge_profiles
 from verl_safe_launch.inputs.registries import REGISTRIES, Registry, read_registries, registered_names
 from verl_safe_launch.inputs.release import TESTED, VerlRelease, describe_need, verl_release, version_tuple
 from verl_safe_launch.inputs.request import ComposeRequest, request_from_args

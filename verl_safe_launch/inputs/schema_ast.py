@@ -11,18 +11,18 @@ only (``typing``, ``collections.abc`` ...); any other outside name is ``any`` un
 from __future__ import annotations
 
 import ast
-import builtins
 import importlib
 import json
 import operator
 import typing
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from verl_safe_launch.inputs.knowledge import read_version
 from verl_safe_launch.inputs.schema_shape import SCALARS, targets_of, type_text
+from verl_safe_launch.inputs.source_names import Alias, Binding, ClassRef, External, PackageNames, Unknown
 
 STDLIB = frozenset(
     {
@@ -39,40 +39,6 @@ STDLIB = frozenset(
 """Modules outside verl whose names are looked up for real (importing them is cheap and safe)."""
 
 
-class _Unknown(Exception):
-    """A value or name the static reader cannot work out."""
-
-
-@dataclass(frozen=True)
-class _Class:
-    module: str
-    node: ast.ClassDef
-
-
-@dataclass(frozen=True)
-class _Module:
-    name: str
-
-
-@dataclass(frozen=True)
-class _External:
-    module: str
-    name: str
-
-
-@dataclass(frozen=True)
-class _Import:
-    module: str
-    name: str
-
-
-@dataclass(frozen=True)
-class _Alias:
-    module: str
-    expr: ast.expr
-
-
-_Binding = _Class | _Module | _External | _Import | _Alias
 _MISSING = object()
 
 
@@ -86,7 +52,7 @@ class _Field:
 class _Info:
     """A class as the reader sees it: its MRO and, for a dataclass, its fields."""
 
-    order: list[_Class]
+    order: list[ClassRef]
     is_dataclass: bool
     fields: dict[str, _Field] = field(default_factory=dict)
 
@@ -108,183 +74,22 @@ _UNARY: dict[type[ast.unaryop], Callable[[Any], Any]] = {
 _CALLS: dict[str, Callable[..., Any]] = {"int": int, "float": float, "str": str, "bool": bool, "tuple": tuple}
 
 
-class SourceReader:
-    """The ``verl`` package under ``package`` read as source files."""
+class SourceReader(PackageNames):
+    """The ``verl`` package under ``package`` read as source files: its dataclasses, their fields and types."""
 
     def __init__(self, package: Path) -> None:
-        self.package = package
-        self.root = package.parent
-        self._trees: dict[str, tuple[ast.Module, bool] | None] = {}
-        self._spaces: dict[str, dict[str, _Binding]] = {}
+        super().__init__(package)
         self._infos: dict[tuple[str, str], _Info] = {}
-        self._busy: set[str] = set()
-
-    # --- modules and names -------------------------------------------------------------------------------
-
-    def _tree(self, module: str) -> tuple[ast.Module, bool] | None:
-        """The parsed file of ``module`` and whether it is a package, or None outside this verl."""
-        if module not in self._trees:
-            found: tuple[ast.Module, bool] | None = None
-            if module == "verl" or module.startswith("verl."):
-                base = self.root.joinpath(*module.split("."))
-                for path, is_package in ((base / "__init__.py", True), (base.with_suffix(".py"), False)):
-                    if path.is_file():
-                        try:
-                            found = (ast.parse(path.read_bytes(), str(path)), is_package)
-                        except (SyntaxError, ValueError, OSError):
-                            found = None
-                        break
-            self._trees[module] = found
-        return self._trees[module]
-
-    def _absolute(self, module: str, is_package: bool, node: ast.ImportFrom) -> str:
-        if not node.level:
-            return node.module or ""
-        parts = module.split(".")
-        if not is_package:
-            parts = parts[:-1]
-        parts = parts[: len(parts) - (node.level - 1)] if node.level > 1 else parts
-        return ".".join([*parts, *([node.module] if node.module else [])])
-
-    def _statements(self, body: list[ast.stmt]) -> Iterator[ast.stmt]:
-        """Top-level statements, including those inside ``if``/``try`` blocks (a guarded import counts)."""
-        for stmt in body:
-            if isinstance(stmt, ast.If):
-                yield from self._statements(stmt.body)
-                yield from self._statements(stmt.orelse)
-            elif isinstance(stmt, ast.Try):
-                yield from self._statements(stmt.body)
-                for handler in stmt.handlers:
-                    yield from self._statements(handler.body)
-                yield from self._statements(stmt.orelse)
-                yield from self._statements(stmt.finalbody)
-            else:
-                yield stmt
-
-    def namespace(self, module: str) -> dict[str, _Binding]:
-        """The module-level names of ``module`` (empty outside this verl)."""
-        if module in self._spaces:
-            return self._spaces[module]
-        space: dict[str, _Binding] = {}
-        self._spaces[module] = space  # a cycle of star imports sees the names bound so far
-        parsed = self._tree(module)
-        if parsed is None:
-            return space
-        tree, is_package = parsed
-        for stmt in self._statements(tree.body):
-            if isinstance(stmt, ast.ClassDef):
-                space[stmt.name] = _Class(module, stmt)
-            elif isinstance(stmt, ast.Import):
-                for alias in stmt.names:
-                    if alias.asname:
-                        space[alias.asname] = self._module_binding(alias.name)
-                    else:
-                        top = alias.name.split(".")[0]
-                        space[top] = self._module_binding(top)
-            elif isinstance(stmt, ast.ImportFrom):
-                source = self._absolute(module, is_package, stmt)
-                for alias in stmt.names:
-                    if alias.name == "*":
-                        for name in self._exported(source):
-                            space[name] = _Import(source, name)
-                    else:
-                        space[alias.asname or alias.name] = _Import(source, alias.name)
-            elif (
-                isinstance(stmt, ast.Assign)
-                and len(stmt.targets) == 1
-                and isinstance(stmt.targets[0], ast.Name)
-            ):
-                space[stmt.targets[0].id] = _Alias(module, stmt.value)
-            elif (
-                isinstance(stmt, ast.AnnAssign)
-                and isinstance(stmt.target, ast.Name)
-                and stmt.value is not None
-            ):
-                space[stmt.target.id] = _Alias(module, stmt.value)
-        return space
-
-    def _module_binding(self, module: str) -> _Binding:
-        return _Module(module) if self._tree(module) is not None else _External(module, "")
-
-    def _exported(self, module: str) -> list[str]:
-        """The names ``from module import *`` binds: ``__all__``, else every public name."""
-        if self._tree(module) is None:
-            return []
-        if module in self._busy:
-            return []
-        self._busy.add(module)
-        try:
-            space = self.namespace(module)
-            declared = space.get("__all__")
-            if isinstance(declared, _Alias):
-                try:
-                    names = self._names_list(declared.module, declared.expr)
-                    return [n for n in names if isinstance(n, str)]
-                except _Unknown:
-                    pass
-            return [name for name in space if not name.startswith("_")]
-        finally:
-            self._busy.discard(module)
-
-    def _names_list(self, module: str, expr: ast.expr) -> list[Any]:
-        if isinstance(expr, ast.List | ast.Tuple):
-            return [ast.literal_eval(e) for e in expr.elts]
-        if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Add):
-            return self._names_list(module, expr.left) + self._names_list(module, expr.right)
-        if isinstance(expr, ast.Attribute) and expr.attr == "__all__":
-            owner = self._resolve_expr(module, expr.value)
-            if isinstance(owner, _Module):
-                return self._exported(owner.name)
-        raise _Unknown(ast.unparse(expr))
-
-    def lookup(self, module: str, name: str, depth: int = 0) -> _Binding | None:
-        """What ``name`` is in ``module``'s namespace (imports followed to where the name is defined)."""
-        if depth > 50:
-            return None
-        if self._tree(module) is None:
-            if module in ("builtins", "") or not module:
-                return _External("builtins", name)
-            return _External(module, name)
-        binding = self.namespace(module).get(name)
-        if binding is None:
-            sub = f"{module}.{name}"
-            if self._tree(sub) is not None:
-                return _Module(sub)
-            if hasattr(builtins, name):
-                return _External("builtins", name)
-            return None
-        if isinstance(binding, _Import):
-            if self._tree(binding.module) is None:
-                return _External(binding.module, binding.name)
-            found = self.lookup(binding.module, binding.name, depth + 1)
-            if found is None and self._tree(f"{binding.module}.{binding.name}") is not None:
-                return _Module(f"{binding.module}.{binding.name}")
-            return found
-        return binding
-
-    def _resolve_expr(self, module: str, expr: ast.expr) -> _Binding | None:
-        """What a name or dotted attribute in ``module`` refers to."""
-        if isinstance(expr, ast.Name):
-            return self.lookup(module, expr.id)
-        if isinstance(expr, ast.Attribute):
-            owner = self._resolve_expr(module, expr.value)
-            if isinstance(owner, _Module):
-                return self.lookup(owner.name, expr.attr)
-            if isinstance(owner, _External) and owner.name == "":
-                return _External(owner.module, expr.attr)
-            if isinstance(owner, _External):
-                return _External(f"{owner.module}.{owner.name}", expr.attr)
-        return None
 
     # --- classes -----------------------------------------------------------------------------------------
 
-    def info(self, cls: _Class) -> _Info:
+    def info(self, cls: ClassRef) -> _Info:
         key = (cls.module, cls.node.name)
         if key in self._infos:
             return self._infos[key]
         self._infos[key] = _Info([cls], False)  # a cyclic base reads as a plain class
         bases = [self._resolve_expr(cls.module, b) for b in cls.node.bases]
-        base_classes = [b for b in bases if isinstance(b, _Class)]
+        base_classes = [b for b in bases if isinstance(b, ClassRef)]
         mro = [cls, *_c3([list(self.info(b).order) for b in base_classes] + [base_classes])]
         decorated = any(self._is_dataclass_decorator(cls.module, d) for d in cls.node.decorator_list)
         inherited = any(self.info(b).is_dataclass for b in base_classes)
@@ -300,9 +105,9 @@ class SourceReader:
     def _is_dataclass_decorator(self, module: str, node: ast.expr) -> bool:
         target = node.func if isinstance(node, ast.Call) else node
         found = self._resolve_expr(module, target)
-        return isinstance(found, _External) and (found.module, found.name) == ("dataclasses", "dataclass")
+        return isinstance(found, External) and (found.module, found.name) == ("dataclasses", "dataclass")
 
-    def _fields(self, cls: _Class, mro: list[_Class]) -> dict[str, _Field]:
+    def _fields(self, cls: ClassRef, mro: list[ClassRef]) -> dict[str, _Field]:
         """``dataclasses.fields`` of a decorated class: the fields of its dataclass bases, then its own."""
         fields: dict[str, _Field] = {}
         for base in reversed(mro[1:]):
@@ -331,9 +136,9 @@ class SourceReader:
         if isinstance(node, ast.Subscript):
             node = node.value
         found = self._resolve_expr(module, node)
-        return isinstance(found, _External) and found.name in ("ClassVar", "InitVar")
+        return isinstance(found, External) and found.name in ("ClassVar", "InitVar")
 
-    def _inherited_default(self, bases: list[_Class], name: str) -> str | None:
+    def _inherited_default(self, bases: list[ClassRef], name: str) -> str | None:
         """The class attribute a redeclared field without ``=`` inherits (``getattr(cls, name)``)."""
         for base in bases:
             for stmt in base.node.body:
@@ -351,7 +156,7 @@ class SourceReader:
     def _field_call(self, module: str, value: ast.expr) -> ast.Call | None:
         if isinstance(value, ast.Call):
             found = self._resolve_expr(module, value.func)
-            if isinstance(found, _External) and (found.module, found.name) == ("dataclasses", "field"):
+            if isinstance(found, External) and (found.module, found.name) == ("dataclasses", "field"):
                 return value
         return None
 
@@ -367,12 +172,12 @@ class SourceReader:
         return None
 
     def _value(self, module: str, node: ast.expr, depth: int = 0) -> Any:
-        """The value of a default expression, or ``_Unknown`` for one the reader cannot evaluate."""
+        """The value of a default expression, or ``Unknown`` for one the reader cannot evaluate."""
         if depth > 20:
             return _Opaque(node)
         try:
             return self._evaluate(module, node, depth)
-        except (_Unknown, ArithmeticError, TypeError, ValueError):
+        except (Unknown, ArithmeticError, TypeError, ValueError):
             return _Opaque(node)
 
     def _evaluate(self, module: str, node: ast.expr, depth: int) -> Any:
@@ -384,24 +189,24 @@ class SourceReader:
             left = self._evaluate(module, node.left, depth)
             right = self._evaluate(module, node.right, depth)
             if isinstance(node.op, ast.Pow) and isinstance(right, int) and right > 256:
-                raise _Unknown("large power")
+                raise Unknown("large power")
             return _BINOPS[type(node.op)](left, right)
         if isinstance(node, ast.Tuple):
             return tuple(self._evaluate(module, e, depth) for e in node.elts)
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _CALLS:
-            if node.keywords or isinstance(self.lookup(module, node.func.id), _Class | _Alias):
-                raise _Unknown(node.func.id)
+            if node.keywords or isinstance(self.lookup(module, node.func.id), ClassRef | Alias):
+                raise Unknown(node.func.id)
             return _CALLS[node.func.id](*(self._evaluate(module, a, depth) for a in node.args))
         if isinstance(node, ast.Name | ast.Attribute):
             found = self._resolve_expr(module, node)
-            if isinstance(found, _Alias):
+            if isinstance(found, Alias):
                 value = self._value(found.module, found.expr, depth + 1)
                 if isinstance(value, _Opaque):
-                    raise _Unknown(ast.unparse(node))
+                    raise Unknown(ast.unparse(node))
                 return value
-            if isinstance(found, _External):
+            if isinstance(found, External):
                 return _outside_value(found)
-        raise _Unknown(ast.unparse(node))
+        raise Unknown(ast.unparse(node))
 
     # --- annotations -------------------------------------------------------------------------------------
 
@@ -433,7 +238,7 @@ class SourceReader:
         if isinstance(node, ast.Subscript):
             head = self._resolve_expr(module, node.value)
             args = list(node.slice.elts) if isinstance(node.slice, ast.Tuple) else [node.slice]
-            if isinstance(head, _External) and head.module in ("typing", "typing_extensions"):
+            if isinstance(head, External) and head.module in ("typing", "typing_extensions"):
                 if head.name == "Optional":
                     return self._union(module, [*args, ast.Constant(None)], depth)
                 if head.name == "Union":
@@ -476,34 +281,34 @@ class SourceReader:
         kinds = {"any" if isinstance(v, _Opaque) else SCALARS.get(type(v), "any") for v in values}
         return kinds, any(v is None for v in values), []
 
-    def _base(self, module: str, found: _Binding | None, depth: int) -> tuple[set[str], bool, list[str]]:
-        if isinstance(found, _Alias):
+    def _base(self, module: str, found: Binding | None, depth: int) -> tuple[set[str], bool, list[str]]:
+        if isinstance(found, Alias):
             return self.describe(found.module, found.expr, depth + 1)
-        if isinstance(found, _Class):
+        if isinstance(found, ClassRef):
             info = self.info(found)
             if info.is_dataclass:
                 return {"dataclass"}, False, [f"{found.module}.{found.node.name}"]
             for cls in info.order:
                 for base in cls.node.bases:
                     outer = self._resolve_expr(cls.module, base)
-                    if isinstance(outer, _External):
+                    if isinstance(outer, External):
                         kind = _outside_kind(outer, as_base=True)
                         if kind != "any":
                             return {kind}, False, []
             return {"any"}, False, []
-        if isinstance(found, _External):
+        if isinstance(found, External):
             return {_outside_kind(found)}, False, []
         return {"any"}, False, []
 
     # --- the schema --------------------------------------------------------------------------------------
 
-    def target(self, target: str) -> _Class | None:
+    def target(self, target: str) -> ClassRef | None:
         """The class a ``_target_`` names (``getattr(import_module(module), name)``), if defined in this verl."""
         module, _, name = target.rpartition(".")
         if self._tree(module) is None:
             return None
         found = self.lookup(module, name)
-        return found if isinstance(found, _Class) else None
+        return found if isinstance(found, ClassRef) else None
 
     def files(self) -> list[str]:
         """The files read so far, relative to the directory above the package (``verl/.../actor.py``)."""
@@ -572,7 +377,7 @@ OUTSIDE_VALUES = {("omegaconf", "MISSING"): "???", ("omegaconf.omegaconf", "MISS
 VALUE_MODULES = frozenset({"builtins", "math", "sys", "os", "typing"})
 
 
-def _outside_value(found: _External) -> Any:
+def _outside_value(found: External) -> Any:
     """A constant from outside verl: a known one, or a plain number or string of a standard module."""
     if (found.module, found.name) in OUTSIDE_VALUES:
         return OUTSIDE_VALUES[(found.module, found.name)]
@@ -580,10 +385,10 @@ def _outside_value(found: _External) -> Any:
         try:
             value = getattr(importlib.import_module(found.module), found.name)
         except (ImportError, AttributeError) as exc:
-            raise _Unknown(found.name) from exc
+            raise Unknown(found.name) from exc
         if value is None or type(value) in (int, float, str, bool):
             return value
-    raise _Unknown(found.name)
+    raise Unknown(found.name)
 
 
 def _is_none(node: ast.expr) -> bool:
@@ -592,7 +397,7 @@ def _is_none(node: ast.expr) -> bool:
     )
 
 
-def _outside_kind(found: _External, as_base: bool = False) -> str:
+def _outside_kind(found: External, as_base: bool = False) -> str:
     """The kind ``_describe`` gives a name from outside verl (the standard library's looked up for real)."""
     from collections.abc import Mapping, Sequence
 
@@ -614,10 +419,10 @@ def _outside_kind(found: _External, as_base: bool = False) -> str:
     return "any"
 
 
-def _c3(sequences: list[list[_Class]]) -> list[_Class]:
+def _c3(sequences: list[list[ClassRef]]) -> list[ClassRef]:
     """C3 linearisation of the bases' MROs (a class that cannot be linearised keeps a depth-first order)."""
     seqs = [list(s) for s in sequences if s]
-    out: list[_Class] = []
+    out: list[ClassRef] = []
     while seqs:
         for seq in seqs:
             head = seq[0]

@@ -1,9 +1,9 @@
-"""The launch: plan, run directory, verl hand-off on Ray, worker memory hooks, post-mortem, Slurm."""
+"""The local run: launch plan, run directory, verl hand-off on Ray, worker memory hooks, Ray auth, placement."""
 
 from __future__ import annotations
 
-from verl_safe_launch.launch.answers import MAX_ANSWER_BYTES, AnswerTooLong, capped_answers
-from verl_safe_launch.launch.hook_stages import STAGE_BY_NAME
+from verl_safe_launch.launch.deadline import within
+from verl_safe_launch.launch.hook_stages import STAGE_BY_NAME, STAGES
 from verl_safe_launch.launch.hooks import (
     NO_CUDA_NOTE,
     RUN_DIR_ENV,
@@ -13,28 +13,6 @@ from verl_safe_launch.launch.hooks import (
     install,
     patch_module,
     wrap_stage,
-)
-from verl_safe_launch.launch.jobs import (
-    JOB_CONFIG,
-    JOB_FILE,
-    JobTarget,
-    client,
-    cluster_nodes,
-    entrypoint,
-    final_code,
-    follow,
-    job_address,
-    job_runtime_env,
-    status_name,
-    token_fix,
-    wait,
-)
-from verl_safe_launch.launch.kuberay import (
-    KubeRaySpec,
-    check_name,
-    check_reference,
-    parse_selector,
-    parse_toleration,
 )
 from verl_safe_launch.launch.model_access import describe_exception, model_access_error
 from verl_safe_launch.launch.nodes import (
@@ -47,8 +25,6 @@ from verl_safe_launch.launch.nodes import (
     nodes_from_ray,
     nodes_from_state,
 )
-from verl_safe_launch.launch.oom_doctor import Diagnosis, Remedy, diagnose, diagnosis_json, render_diagnosis
-from verl_safe_launch.launch.oom_log import MAX_EVENTS, OomEvent, find_ooms, scan_lines
 from verl_safe_launch.launch.placement import bundles, probe_placement
 from verl_safe_launch.launch.plan import (
     LaunchBlocked,
@@ -59,18 +35,14 @@ from verl_safe_launch.launch.plan import (
     ray_address,
     render_plan,
 )
-from verl_safe_launch.launch.postmortem import (
-    NO_CUDA_FIX,
-    NO_FIT,
-    failure_report,
-    first_failure,
-    first_oom,
-    load_fit,
-    oom_report,
-    read_records,
-    render_peaks,
+from verl_safe_launch.launch.ray_auth import (
+    NEW_TOKEN,
+    AuthMismatch,
+    RayAuth,
+    auth_env,
+    ray_auth,
+    token_source,
 )
-from verl_safe_launch.launch.ray_auth import NEW_TOKEN, AuthMismatch, RayAuth, auth_env, ray_auth
 from verl_safe_launch.launch.rundir import (
     RUN_FILES,
     atomic_write,
@@ -79,32 +51,6 @@ from verl_safe_launch.launch.rundir import (
     prepare_run_dir,
     reproduce_command,
     run_dir_arg,
-)
-from verl_safe_launch.launch.slurm import (
-    Container,
-    SlurmSpec,
-    count_arg,
-    mem_arg,
-    render_sbatch,
-    sbatch_options,
-    seconds_arg,
-    time_arg,
-)
-from verl_safe_launch.launch.slurm_audit import (
-    BRINGUP_RULES,
-    BringupContext,
-    JobMigration,
-    bringup_findings,
-    plan_job,
-    ray_cpus_per_node,
-)
-from verl_safe_launch.launch.slurm_job import (
-    Joined,
-    RayNode,
-    allocation_lines,
-    joined_line,
-    missing_error,
-    wait_for_nodes,
 )
 from verl_safe_launch.launch.verl_handoff import (
     cause_line,
@@ -117,110 +63,54 @@ from verl_safe_launch.launch.verl_handoff import (
 )
 
 __all__ = [
-    "BRINGUP_RULES",
-    "JOB_CONFIG",
-    "JOB_FILE",
-    "MAX_ANSWER_BYTES",
-    "MAX_EVENTS",
     "NEW_TOKEN",
-    "NO_CUDA_FIX",
     "NO_CUDA_NOTE",
-    "NO_FIT",
     "RUN_DIR_ENV",
     "RUN_FILES",
     "SETUP_HOOK",
+    "STAGES",
     "STAGE_BY_NAME",
     "USER_SETUP_HOOK_ENV",
     "WORKERS_FILE",
-    "AnswerTooLong",
     "AuthMismatch",
-    "BringupContext",
-    "Container",
-    "Diagnosis",
-    "JobMigration",
-    "JobTarget",
-    "Joined",
-    "KubeRaySpec",
     "LaunchBlocked",
     "LaunchPlan",
     "NodeInfo",
     "NodeNeed",
-    "OomEvent",
     "RayAuth",
-    "RayNode",
-    "Remedy",
-    "SlurmSpec",
-    "allocation_lines",
     "atomic_write",
     "auth_env",
     "auth_mode",
     "auto_run_dir",
     "blocking",
-    "bringup_findings",
     "bundles",
-    "capped_answers",
     "cause_line",
     "check_cpus",
     "check_gpus",
-    "check_name",
-    "check_reference",
-    "client",
-    "cluster_nodes",
     "config_digest",
-    "count_arg",
     "describe_exception",
-    "diagnose",
-    "diagnosis_json",
-    "entrypoint",
     "failed_worker",
-    "failure_report",
-    "final_code",
-    "find_ooms",
-    "first_failure",
-    "first_oom",
-    "follow",
     "import_chosen_verl",
     "install",
-    "job_address",
-    "job_runtime_env",
-    "joined_line",
     "live_nodes",
-    "load_fit",
     "local_gpu_count",
     "local_num_cpus",
-    "mem_arg",
-    "missing_error",
     "model_access_error",
     "node_findings",
     "node_need",
     "nodes_from_ray",
     "nodes_from_state",
-    "oom_report",
-    "parse_selector",
-    "parse_toleration",
     "patch_module",
-    "plan_job",
     "plan_launch",
     "prepare_run_dir",
     "probe_placement",
     "ray_address",
     "ray_auth",
-    "ray_cpus_per_node",
-    "read_records",
-    "render_diagnosis",
-    "render_peaks",
     "render_plan",
-    "render_sbatch",
     "reproduce_command",
     "run_dir_arg",
-    "sbatch_options",
-    "scan_lines",
-    "seconds_arg",
-    "status_name",
-    "time_arg",
-    "token_fix",
+    "token_source",
     "validate_with_verl",
-    "wait",
-    "wait_for_nodes",
+    "within",
     "wrap_stage",
 ]

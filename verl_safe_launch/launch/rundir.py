@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import hashlib
+import os
 import shlex
 import sys
 from collections.abc import Mapping, Sequence
@@ -11,10 +13,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from verl_safe_launch.compose import Composed
 from verl_safe_launch.config_view import ConfigView
 from verl_safe_launch.errors import UsageError
 from verl_safe_launch.files import ensure_directory, make_directory, write_atomic, write_files
 from verl_safe_launch.findings import Finding
+from verl_safe_launch.launch.plan import LaunchBlocked
 from verl_safe_launch.render import json_document, json_text
 
 DEFAULT_ROOT = Path("outputs")
@@ -127,3 +131,50 @@ def preflight_json(findings: Sequence[Finding], forced: Sequence[str]) -> dict[s
     """The pre-flight outcome in the shape of ``check --format json``, and why the launch went ahead anyway
     when it was forced."""
     return json_document({"forced": list(forced)}, findings)
+
+
+def resolved_config(composed: Composed) -> Any:
+    """A resolved copy of the composed config: what config.yaml holds and what verl receives."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    cfg = copy.deepcopy(composed.cfg)
+    try:
+        OmegaConf.resolve(cfg)
+    except OmegaConfBaseException as exc:
+        first = str(exc).splitlines()[0]
+        raise LaunchBlocked(
+            f"the config does not resolve: {first}", fix="run 'verl-safe-launch check'"
+        ) from None
+    return cfg
+
+
+def choose_run_dir(run_dir: Path | None, force: bool, forced: list[str]) -> Path:
+    """The run directory: --run-dir, else outputs/<date>/<time>; a non-empty one only with --force (recorded
+    in ``forced``)."""
+    if run_dir is None:
+        return auto_run_dir(datetime.now())
+    if is_non_empty(run_dir) and force:
+        forced.append("non-empty run directory")
+    return prepare_run_dir(run_dir, force=force)
+
+
+def write_run_dir(
+    run_dir: Path,
+    cfg: Any,
+    composed: Composed,
+    findings: Sequence[Finding],
+    args: Sequence[str],
+    overrides: list[str],
+    forced: list[str],
+    inputs: Sequence[str],
+) -> None:
+    """config.yaml, overrides, provenance, the pre-flight report and the reproducing command."""
+    record = RunRecord(
+        config_yaml=render_config(cfg),
+        overrides=tuple(overrides),
+        provenance=provenance_json(composed.view),
+        preflight=preflight_json(findings, forced),
+        command=reproduce_command(args, Path.cwd(), os.environ),
+    )
+    write_run_files(run_dir, record, inputs)

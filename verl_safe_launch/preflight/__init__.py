@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from verl_safe_launch.preflight.advice import verify_advice, verl_validation
 from verl_safe_launch.preflight.pipeline import Preflight, launch_preflight, rule_context, run_preflight
 from verl_safe_launch.preflight.recheck import rechecked
 from verl_safe_launch.preflight.release import (
@@ -12,9 +13,15 @@ from verl_safe_launch.preflight.release import (
     use_vendored_verl,
     vendored_verl,
 )
+from verl_safe_launch.preflight.scripts import Auditor, JobLint, LaunchAudit, ScriptAudit, TraceOptions
 
 __all__ = [
+    "Auditor",
+    "JobLint",
+    "LaunchAudit",
     "Preflight",
+    "ScriptAudit",
+    "TraceOptions",
     "header_json",
     "header_lines",
     "launch_preflight",
@@ -25,4 +32,6 @@ __all__ = [
     "unjudged",
     "use_vendored_verl",
     "vendored_verl",
+    "verify_advice",
+    "verl_validation",
 ]

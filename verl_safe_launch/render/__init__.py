@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from verl_safe_launch.findings import verdict
+from verl_safe_launch.render.audit import audit_json, render_audit_text
 from verl_safe_launch.render.escape import escape, escape_lines, render_error
 from verl_safe_launch.render.jsonout import JSON_SCHEMA_VERSION, json_document, json_text, strict_json
 from verl_safe_launch.render.report import (
@@ -12,19 +14,20 @@ from verl_safe_launch.render.report import (
     render_findings_text,
     render_report,
     summary_line,
-    verdict,
 )
 from verl_safe_launch.render.table import Column, render_table, use_rich
 
 __all__ = [
     "JSON_SCHEMA_VERSION",
     "Column",
+    "audit_json",
     "counts",
     "escape",
     "escape_lines",
     "findings_json",
     "json_document",
     "json_text",
+    "render_audit_text",
     "render_error",
     "render_finding",
     "render_findings_table",

@@ -7,9 +7,9 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from verl_safe_launch.findings import Finding
+from verl_safe_launch.findings import Finding, verdict
 from verl_safe_launch.preflight import safe_header_json
-from verl_safe_launch.render.report import counts, findings_json, verdict
+from verl_safe_launch.render.report import counts, findings_json
 
 JSON_SCHEMA_VERSION = 1
 

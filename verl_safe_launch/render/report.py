@@ -71,13 +71,6 @@ def counts(findings: Sequence[Finding]) -> dict[str, int]:
     return {"errors": by[Severity.ERROR], "warnings": by[Severity.WARNING], "info": by[Severity.INFO]}
 
 
-def verdict(findings: Sequence[Finding], unread: int = 0) -> str:
-    """``go`` when nothing blocks the launch, ``no-go`` when something does, ``unverified`` when parts were not read."""
-    if any(f.severity is Severity.ERROR for f in findings):
-        return "no-go"
-    return "unverified" if unread else "go"
-
-
 _GROUP_TITLES = {Severity.ERROR: "errors", Severity.WARNING: "warnings", Severity.INFO: "info"}
 _GROUP_STYLES = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
 

@@ -4,18 +4,24 @@ from __future__ import annotations
 
 from verl_safe_launch.shell.contain import MAX_TIMEOUT_S, check_timeout, containment
 from verl_safe_launch.shell.expand import OPAQUE
-from verl_safe_launch.shell.launch import Export, ScriptLaunch, ScriptNote, override_key, traced_launches
+from verl_safe_launch.shell.job_commands import Command, seeded_env
+from verl_safe_launch.shell.launch import (
+    Export,
+    ScriptLaunch,
+    ScriptNote,
+    choose_launch,
+    override_key,
+    traced_launches,
+)
 from verl_safe_launch.shell.sbatch import (
     GPU_OPTIONS,
     SLURM_VERB_OPTIONS,
     Allocation,
-    Command,
     Directive,
     JobScript,
     parse_gres,
     parse_job_script,
     read_job_script,
-    seeded_env,
 )
 from verl_safe_launch.shell.script import parse_script, read_script
 from verl_safe_launch.shell.trace import RECORDED, Trace, trace_script
@@ -35,6 +41,7 @@ __all__ = [
     "ScriptNote",
     "Trace",
     "check_timeout",
+    "choose_launch",
     "containment",
     "override_key",
     "parse_gres",

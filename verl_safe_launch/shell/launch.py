@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from verl_safe_launch.errors import UsageError
 from verl_safe_launch.inputs import ComposeRequest, OverrideToken, verl_config_dir, verl_package_dir
 from verl_safe_launch.provenance import Layer, Source
 from verl_safe_launch.shell.expand import OPAQUE, Field
@@ -336,6 +337,20 @@ def _dedupe(notes: list[ScriptNote]) -> list[ScriptNote]:
     return out
 
 
+def choose_launch(launches: tuple[ScriptLaunch, ...], wanted: int | None, script: str) -> ScriptLaunch:
+    """The launch ``--launch N`` names, or the only one; a usage error otherwise."""
+    if wanted is None and len(launches) == 1:
+        return launches[0]
+    choices = ", ".join(f"{launch.index} (line {launch.line})" for launch in launches)
+    if wanted is None:
+        raise UsageError(
+            f"{script} has {len(launches)} launches: {choices}", fix="choose one with --launch N"
+        )
+    if not 1 <= wanted <= len(launches):
+        raise UsageError(f"{script} has no launch {wanted}", where="--launch", fix=f"use one of: {choices}")
+    return launches[wanted - 1]
+
+
 __all__ = [
     "DEPRECATED_CONFIG_NAMES",
     "MODULE",
@@ -343,6 +358,7 @@ __all__ = [
     "Passthrough",
     "ScriptLaunch",
     "ScriptNote",
+    "choose_launch",
     "module_end",
     "override_key",
     "traced_launches",

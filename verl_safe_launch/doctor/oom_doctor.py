@@ -9,9 +9,9 @@ from typing import Any
 
 from verl_safe_launch.config_view import ARR, format_value
 from verl_safe_launch.context import RuleContext
-from verl_safe_launch.launch.hook_stages import STAGE_BY_NAME
-from verl_safe_launch.launch.oom_log import HOST, KV_CACHE, RAY_TASK_KIND, ROLLOUT, WAKE_UP, OomEvent
-from verl_safe_launch.launch.postmortem import ESTIMATOR_STAGE, MARGIN
+from verl_safe_launch.doctor.oom_log import HOST, KV_CACHE, RAY_TASK_KIND, ROLLOUT, WAKE_UP, OomEvent
+from verl_safe_launch.doctor.postmortem import ESTIMATOR_STAGE, MARGIN
+from verl_safe_launch.launch import STAGE_BY_NAME
 from verl_safe_launch.memory import StageEstimate, estimate_memory, fit_knobs
 from verl_safe_launch.provenance import Layer
 from verl_safe_launch.render import escape

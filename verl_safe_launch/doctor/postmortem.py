@@ -12,9 +12,9 @@ from typing import Any
 
 from verl_safe_launch.config_view import format_value
 from verl_safe_launch.context import RuleContext
+from verl_safe_launch.doctor.oom_log import read_lines
 from verl_safe_launch.errors import LaunchError, VslError
-from verl_safe_launch.launch.hook_stages import STAGE_BY_NAME
-from verl_safe_launch.launch.oom_log import read_lines
+from verl_safe_launch.launch import STAGE_BY_NAME
 from verl_safe_launch.render import Column, render_table
 
 MARGIN = 0.10

@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 
 from verl_safe_launch.errors import UsageError
-from verl_safe_launch.launch.nodes import NodeNeed
+from verl_safe_launch.launch import NodeNeed
 
 CONFIG_MOUNT = "/vsl"
 CONFIG_FILE = "config.yaml"

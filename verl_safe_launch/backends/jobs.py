@@ -11,9 +11,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from verl_safe_launch.errors import EXIT_LAUNCH, EXIT_OK, UsageError
-from verl_safe_launch.launch.deadline import within
-from verl_safe_launch.launch.nodes import NodeInfo, nodes_from_state
-from verl_safe_launch.launch.ray_auth import token_source
+from verl_safe_launch.launch import NodeInfo, nodes_from_state, token_source, within
 
 CONNECT_TIMEOUT_S = 15.0
 JOB_FILE = "job.json"

@@ -209,7 +209,7 @@ def render_sbatch(spec: SlurmSpec) -> str:
 
 def job_template() -> str:
     """The job's bash body (``templates/job.sh``), with a ``# vsl-template: NAME`` line where values go."""
-    return resources.files("verl_safe_launch.launch").joinpath(TEMPLATE).read_text(encoding="utf-8")
+    return resources.files("verl_safe_launch.backends").joinpath(TEMPLATE).read_text(encoding="utf-8")
 
 
 def fill_template(template: str, parts: dict[str, str]) -> str:

@@ -11,7 +11,7 @@ from typing import Any
 from verl_safe_launch.config_view import ConfigView
 from verl_safe_launch.errors import LaunchError, UsageError
 from verl_safe_launch.inputs import GPU_KEYS, HardwareProfile
-from verl_safe_launch.launch.deadline import within
+from verl_safe_launch.launch import within
 
 POLL_S = 1.0
 

@@ -1,10 +1,9 @@
-"""Existing Slurm job scripts: the Ray-on-Slurm bring-up lint (a rule table) and the command that replaces the job."""
+"""Existing Slurm job scripts: the Ray-on-Slurm bring-up lint, one rule table."""
 
 from __future__ import annotations
 
 import math
 import re
-import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -13,12 +12,11 @@ from verl_safe_launch.findings import Finding, Rule, Severity
 from verl_safe_launch.inputs import Fact
 from verl_safe_launch.provenance import Layer, Source
 from verl_safe_launch.rules import CpuNeed, cpu_need, gpu_need
-from verl_safe_launch.shell import GPU_OPTIONS, SLURM_VERB_OPTIONS, Command, Directive, JobScript
+from verl_safe_launch.shell import Command, JobScript
 
 LAUNCH_MARKERS = ("verl.trainer.main_ppo", "verl/trainer/main_ppo.py", "-mverl.trainer.main_ppo")
 MIGRATE_HINT = "or replace the job: verl-safe-launch migrate {path} -o DIR"
 _HOST_IP = re.compile(r"\bhostname\s+(?:-\w*[iI]\w*|--ip-address|--all-ip-addresses)\b")
-_SETUP_COMMANDS = frozenset({"module", "ml", "source", ".", "conda", "mamba", "micromamba", "spack"})
 
 
 @dataclass(frozen=True)
@@ -264,6 +262,25 @@ def ray_cpus_per_node(view: ConfigView, nodes: int) -> tuple[CpuNeed, int, int]:
     return need, bundles, bundles + need.transfer_queue + need.headroom
 
 
+def cpus_per_task(view: ConfigView, given: int | None, nodes: int) -> tuple[int, Finding | None]:
+    """``--cpus-per-task`` of a generated job: what the run reserves per node by default; a finding when the one
+    given is fewer."""
+    need, bundles, per_node = ray_cpus_per_node(view, nodes)
+    if given is None:
+        return per_node, None
+    if given >= bundles and given * nodes >= need.total:
+        return given, None
+    return given, Finding(
+        "slurm-ray-cpus",
+        Severity.ERROR,
+        ("trainer.n_gpus_per_node",),
+        f"--cpus-per-task {given} gives Ray {given} CPUs per node, but this run reserves "
+        f"{need.describe()} Ray CPUs, {bundles} of them on every node; verl would wait forever for them",
+        f"--cpus-per-task {per_node} (or leave it out: that is the default)",
+        (("--cpus-per-task", given, Source(Layer.CLI, raw=f"--cpus-per-task {given}")),),
+    )
+
+
 @_rule("slurm-head-address", "the head address from a chosen interface, not hostname -i/-I", Severity.WARNING)
 def head_address(ctx: BringupContext) -> list[Finding]:
     """``hostname --ip-address`` / ``-I`` return whatever the resolver or the first interface gives."""
@@ -393,174 +410,12 @@ def bringup_findings(job: JobScript, view: ConfigView | None = None) -> list[Fin
     return [f for rule in BRINGUP_RULES for f in rule(ctx)]
 
 
-# --- the replacement job ----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class JobMigration:
-    """The ``verl-safe-launch slurm`` options that regenerate the job, and what the options cannot say."""
-
-    options: tuple[str, ...]
-    notes: tuple[str, ...]
-
-    def command(self, configs: tuple[str, ...], tokens: tuple[str, ...], script: str) -> str:
-        """The whole command line, every argument shell-quoted."""
-        words = ["verl-safe-launch", "slurm", *self.options]
-        for config in configs:
-            words += ["-c", config]
-        words += [*tokens, "-o", script]
-        return " ".join(shlex.quote(w) for w in words)
-
-
-def plan_job(job: JobScript, view: ConfigView | None) -> JobMigration:
-    """Allocation options from the directives, setup lines, the container; notes for everything left out."""
-    alloc = job.allocation
-    notes: list[str] = []
-    nodes = alloc.nodes.value if alloc.nodes else 1
-    options = ["--nodes", str(nodes)]
-    gpus = alloc.gpus_per_node.value if alloc.gpus_per_node else None
-    if gpus is None:
-        configured = view.get("trainer.n_gpus_per_node") if view is not None else None
-        gpus = configured if isinstance(configured, int) and not isinstance(configured, bool) else 8
-        notes.append(
-            f"the job script asks for no GPUs; --gpus-per-node {gpus} is taken from the config: check it"
-        )
-    options += ["--gpus-per-node", str(gpus)]
-    if alloc.gpu_type is not None:
-        notes.append(
-            f"the GPU type '{alloc.gpu_type.value}' ({alloc.gpu_type.source.reason}, line "
-            f"{alloc.gpu_type.source.line}) is not carried over: --gpus-per-node asks for any GPU type"
-        )
-    if alloc.cpus_per_task is not None:
-        options += ["--cpus-per-task", str(alloc.cpus_per_task.value)]
-    for flag in SLURM_VERB_OPTIONS[2:]:
-        directive = alloc.last(flag)
-        if directive is not None and directive.value:
-            options += [flag, directive.value]
-    options += [arg for line in setup_lines(job) for arg in ("--setup", line)]
-    container, container_notes = find_container(job)
-    options += container
-    notes += container_notes
-    notes += [
-        f"not carried over: {d.raw} (line {d.line}); add it to the new job by hand" for d in extras(job)
-    ]
-    notes += [f"ignored by sbatch, not carried over: {d.raw} (line {d.line})" for d in job.ignored]
-    return JobMigration(tuple(options), tuple(notes))
-
-
-def extras(job: JobScript) -> list[Directive]:
-    """Directives the ``slurm`` verb cannot express (one per option, the one that takes effect)."""
-    carried = {*SLURM_VERB_OPTIONS, *GPU_OPTIONS, "--cpus-per-gpu"}
-    last: dict[str, Directive] = {d.flag: d for d in job.allocation.directives}
-    out: list[Directive] = []
-    for flag, directive in last.items():
-        if flag in carried:
-            continue
-        if flag == "--ntasks-per-node" and directive.value == "1":
-            continue
-        if flag == "--ntasks" and job.allocation.nodes and directive.value == str(job.allocation.nodes.value):
-            continue
-        out.append(directive)
-    return sorted(out, key=lambda d: d.line)
-
-
-def setup_lines(job: JobScript) -> list[str]:
-    """Environment set-up the steps need (module load, source/conda activate, plain exports), as written."""
-    lines: list[str] = []
-    for command in job.commands:
-        if command.name in ("srun", "ray") or command.has("ray", "start"):
-            break
-        if not command.top_level or command.background:
-            continue
-        if command.name in _SETUP_COMMANDS or (
-            command.name == "export"
-            and all("=" in r and not re.search(r"[$`]", r) for r in command.raws[1:])
-            and len(command.raws) > 1
-        ):
-            lines.append(command.text)
-    return lines
-
-
-def find_container(job: JobScript) -> tuple[list[str], list[str]]:
-    """``--container IMAGE --container-runtime R`` from apptainer/singularity or pyxis, with notes."""
-    commands = [
-        c
-        for c in job.commands
-        if c.has("ray", "start") or any(m in w for w in c.words for m in LAUNCH_MARKERS)
-    ]
-    for command in commands:
-        image = command.option("--container-image")
-        if image is not None:
-            return ["--container", image, "--container-runtime", "pyxis"], _unresolved(image, command)
-        for i, word in enumerate(command.words[:-2]):
-            runtime = word.rsplit("/", 1)[-1]
-            if runtime in ("apptainer", "singularity") and command.words[i + 1] in ("exec", "run"):
-                image = _container_image(command.words[i + 2 :])
-                if image is not None:
-                    notes = _unresolved(image, command)
-                    notes.append(
-                        f"{runtime}'s own options on line {command.line} are not carried over "
-                        "(the job binds its own directories)"
-                    )
-                    return ["--container", image, "--container-runtime", runtime], notes
-        other = next((w for w in ("docker", "podman", "enroot") if w in command.words), None)
-        if other is not None:
-            note = (
-                f"line {command.line} runs in a container with {other}: verl-safe-launch slurm starts steps "
-                "with apptainer, singularity or pyxis only; add --container IMAGE --container-runtime yourself"
-            )
-            return [], [note]
-    return [], []
-
-
-_CONTAINER_VALUE_OPTIONS = frozenset(
-    {
-        "-B",
-        "--bind",
-        "--env",
-        "--env-file",
-        "-H",
-        "--home",
-        "--overlay",
-        "-o",
-        "--pwd",
-        "-W",
-        "--workdir",
-        "--mount",
-    }
-)
-
-
-def _container_image(words: tuple[str, ...]) -> str | None:
-    i = 0
-    while i < len(words):
-        word = words[i]
-        if word in _CONTAINER_VALUE_OPTIONS:
-            i += 2
-        elif word.startswith("-"):
-            i += 1
-        else:
-            return word
-    return None
-
-
-def _unresolved(image: str, command: Command) -> list[str]:
-    if "$" in image:
-        return [
-            f"the container image {image} (line {command.line}) depends on a variable the script does not "
-            "set: replace it"
-        ]
-    return []
-
-
 __all__ = [
     "BRINGUP_RULES",
+    "LAUNCH_MARKERS",
+    "MIGRATE_HINT",
     "BringupContext",
-    "JobMigration",
     "bringup_findings",
-    "extras",
-    "find_container",
-    "plan_job",
+    "cpus_per_task",
     "ray_cpus_per_node",
-    "setup_lines",
 ]

@@ -9,7 +9,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from verl_safe_launch.launch.hook_stages import STAGES
+from verl_safe_launch.launch import STAGES
 
 # torch >= 2.1: "CUDA out of memory. Tried to allocate 13.91 GiB. GPU 0 has a total capacity of 79.11 GiB of which
 # 6.56 GiB is free. ... this process has 72.54 GiB memory in use."

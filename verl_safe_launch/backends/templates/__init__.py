@@ -1,0 +1,1 @@
+"""Files the Slurm job writer renders: the job's bash body."""

@@ -1,1 +1,0 @@
-"""Files the launch stage renders: the Slurm job's bash body."""
