@@ -17,7 +17,7 @@ from recompose import recompose
 from hydra_plugins.verl_safe_launch.callback import ENABLE_OVERRIDE
 from verl_safe_launch.context import HardwareFacts, RuleContext
 from verl_safe_launch.findings import Severity
-from verl_safe_launch.inputs.cpus import existing_ray, ray_cpu_count
+from verl_safe_launch.inputs.cpus import existing_ray, ray_address_file, ray_cpu_count
 from verl_safe_launch.rules import run_rules
 from verl_safe_launch.rules.resources import cpu_need
 
@@ -101,9 +101,39 @@ def test_a_cgroup_quota_and_cpuset_are_read_as_ray_reads_them(tmp_path: Path) ->
     assert ray_cpu_count({}, tmp_path) == (int(ray), "the container's CPU quota (cgroup cpu.cfs_quota_us)")
 
 
-def test_a_running_ray_is_found_by_address() -> None:
-    assert existing_ray({"RAY_ADDRESS": "local"}, Path("/nonexistent")) is None
+def test_a_running_ray_is_found_by_address(tmp_path: Path) -> None:
+    assert existing_ray({"RAY_ADDRESS": "local", "TMPDIR": str(tmp_path)}) is None
     assert "joins that cluster" in (existing_ray({"RAY_ADDRESS": "h:6379"}) or "")
+
+
+@pytest.mark.parametrize(
+    "env",
+    [{}, {"TMPDIR": "/t/a"}, {"RAY_TMPDIR": "/t/b", "TMPDIR": "/t/a"}, {"RAY_TMPDIR": ""}, {"TMPDIR": ""}],
+    ids=["default", "tmpdir", "ray-tmpdir", "empty-ray-tmpdir", "empty-tmpdir"],
+)
+def test_the_address_file_is_where_ray_looks_for_it(
+    env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ray's own ``get_ray_address_file`` is the oracle: the file a plain ``ray.init()`` reads to join a cluster."""
+    from ray._common.utils import get_ray_address_file
+
+    for name in ("RAY_TMPDIR", "TMPDIR"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert str(ray_address_file(env)) == os.path.normpath(get_ray_address_file(None))
+
+
+def test_only_a_cluster_ray_start_recorded_is_joined(tmp_path: Path) -> None:
+    """Another ``ray.init()``'s Ray on the machine is not joined; the one ``ray start`` recorded is."""
+    env = {"TMPDIR": str(tmp_path)}
+    assert existing_ray(env) is None
+    (tmp_path / "ray").mkdir()
+    (tmp_path / "ray" / "ray_current_cluster").write_text("10.0.0.1:6379\n")
+    assert existing_ray(env) == (
+        f"'ray start' recorded the cluster at 10.0.0.1:6379 in {tmp_path}/ray/ray_current_cluster, "
+        "so ray.init() joins it"
+    )
 
 
 @pytest.mark.slow

@@ -64,19 +64,26 @@ def _read(path: Path) -> str | None:
         return None
 
 
-def existing_ray(env: Mapping[str, str], proc: Path = Path("/proc")) -> str | None:
-    """Why ``ray.init()`` without an address would join a running Ray instead of starting one, or None."""
+def existing_ray(env: Mapping[str, str], temp_dir: str | None = None) -> str | None:
+    """Why ``ray.init()`` without an address would join a running Ray instead of starting one, or None.
+
+    Ray's own rule (``services.get_ray_address_from_environment``): ``RAY_ADDRESS``, else the cluster that
+    ``ray start`` recorded in ``ray_current_cluster`` under Ray's temp dir (``_temp_dir``, else ``RAY_TMPDIR``
+    or ``TMPDIR`` or ``/tmp``, plus ``ray``). A Ray started by another ``ray.init()`` is not joined.
+    """
     address = env.get("RAY_ADDRESS", "")
     if address and address != "local":
         return f"RAY_ADDRESS={address} is set, so ray.init() joins that cluster"
-    for pid in _pids(proc):
-        if _read(proc / pid / "comm") == "gcs_server":
-            return f"a Ray instance already runs on this machine (gcs_server, pid {pid}), and ray.init() joins it"
+    path = ray_address_file(env, temp_dir)
+    recorded = _read(path)
+    if recorded:
+        return f"'ray start' recorded the cluster at {recorded} in {path}, so ray.init() joins it"
     return None
 
 
-def _pids(proc: Path) -> list[str]:
-    try:
-        return sorted((p.name for p in proc.iterdir() if p.name.isdigit()), key=int)
-    except OSError:
-        return []
+def ray_address_file(env: Mapping[str, str], temp_dir: str | None = None) -> Path:
+    """Where ``ray start`` records the cluster a plain ``ray.init()`` joins (Ray's ``get_ray_address_file``)."""
+    if temp_dir is None:
+        system = env["RAY_TMPDIR"] if "RAY_TMPDIR" in env else env.get("TMPDIR", "/tmp")
+        temp_dir = os.path.join(system, "ray")
+    return Path(temp_dir) / "ray_current_cluster"
