@@ -20,6 +20,9 @@ from pathlib import Path
 import pytest
 from conftest import EXAMPLES, CliResult, make_tiny_model
 
+from verl_safe_launch.backends import JobTarget, submit_job
+from verl_safe_launch.errors import UsageError
+
 GRPO = str(EXAMPLES / "grpo_6gpu.yaml")
 
 
@@ -182,3 +185,28 @@ def test_placement_probe_gives_up_naming_the_nodes_where_verl_would_wait_forever
         ray.shutdown()
     assert "only 1 of verl's 2 placement groups" in caught.value.what
     assert "2 GPUs, 12 CPUs" in caught.value.what and "1 GPUs, 8 CPUs" in caught.value.what
+
+
+class _AgentLate:
+    """A job API whose agent registers after ``late`` calls (Ray's head answers 500 until then). The real
+    timing cannot be forced on a local Ray; the answer's text is Ray's own (dashboard/modules/job/job_head.py)."""
+
+    def __init__(self, late: int) -> None:
+        self.late, self.calls = late, 0
+
+    def submit_job(self, **job: object) -> str:
+        self.calls += 1
+        if self.calls <= self.late:
+            raise RuntimeError(
+                "Request failed with status code 500: No available agent to submit job, please try again later."
+            )
+        return "raysubmit_ok"
+
+
+def test_a_head_whose_job_agent_is_not_up_yet_is_asked_again() -> None:
+    target = JobTarget("http://127.0.0.1:8265", "--address")
+    client = _AgentLate(2)
+    assert submit_job(client, target, wait_s=30, entrypoint="true") == "raysubmit_ok"
+    assert client.calls == 3
+    with pytest.raises(UsageError, match="No available agent to submit job"):
+        submit_job(_AgentLate(100), target, wait_s=0, entrypoint="true")

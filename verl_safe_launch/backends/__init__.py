@@ -31,6 +31,7 @@ from verl_safe_launch.backends.jobs import (
     job_address,
     job_runtime_env,
     status_name,
+    submit_job,
     token_fix,
     wait,
 )
@@ -104,6 +105,7 @@ __all__ = [
     "seconds_arg",
     "setup_lines",
     "status_name",
+    "submit_job",
     "time_arg",
     "token_fix",
     "wait",

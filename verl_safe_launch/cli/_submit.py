@@ -25,6 +25,7 @@ from verl_safe_launch.backends import (
     job_address,
     job_runtime_env,
     slurm,
+    submit_job,
     wait,
 )
 from verl_safe_launch.cli._common import add_compose_args, compose_from_args, make_parser, parse
@@ -118,7 +119,9 @@ def _submit(
     rundir.atomic_write(run_dir / JOB_CONFIG, slurm.render_user_yaml(values))
     command = entrypoint(JOB_CONFIG, slurm.argv_overrides(composed))
     env_vars = {k: v for k, v in sorted(os.environ.items()) if k.startswith(PINNED_PREFIXES)}
-    job_id = str(job_client.submit_job(entrypoint=command, runtime_env=job_runtime_env(run_dir, env_vars)))
+    job_id = submit_job(
+        job_client, target, entrypoint=command, runtime_env=job_runtime_env(run_dir, env_vars)
+    )
     record = {"address": target.address, "job_id": job_id, "entrypoint": command, "env_vars": env_vars}
     rundir.atomic_write(run_dir / JOB_FILE, json.dumps(record, indent=2) + "\n")
     print(f"run directory: {run_dir}")
