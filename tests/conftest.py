@@ -7,6 +7,8 @@ import difflib
 import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -195,3 +197,31 @@ def check_golden(name: str, actual: str) -> None:
         pytest.fail(
             f"{name} differs from its golden file:\n{diff}\naccept with: VSL_UPDATE_GOLDEN=1 pytest tests/"
         )
+
+
+VERL_RELEASES = ("0.5.0", "0.6.1", "0.7.1", "0.8.0")
+"""The releases the per-release tests install with ``pip install --no-deps --target``."""
+
+
+@pytest.fixture(scope="session")
+def releases(request: pytest.FixtureRequest) -> Path:
+    """A directory with one ``pip --target`` install per release (``$VSL_TEST_VERL_RELEASES``, else the pytest
+    cache), made on first use; a lock keeps parallel workers from installing into one directory at once."""
+    from filelock import FileLock
+
+    given = os.environ.get("VSL_TEST_VERL_RELEASES")
+    base = Path(given) if given else Path(request.config.cache.mkdir("verl-releases"))
+    base.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(base / ".install.lock")):
+        for version in VERL_RELEASES:
+            target = base / version
+            if not (target / "verl" / "version" / "version").is_file():
+                shutil.rmtree(target, ignore_errors=True)  # a half-made install of an interrupted run
+                cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target)]
+                subprocess.run([*cmd, f"verl=={version}"], check=True, timeout=600)
+    return base
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked slow run first: under pytest-xdist they then run beside the quick ones, not after them."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)

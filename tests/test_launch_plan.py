@@ -260,7 +260,8 @@ def test_full_determinism_reaches_the_workers_as_in_run_ppo(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     for key in ("VERL_FULL_DETERMINISM", "VLLM_BATCH_INVARIANT", "PYTHONHASHSEED", "VERL_RL_INSIGHT_ENABLE"):
-        monkeypatch.delenv(key, raising=False)
+        monkeypatch.setenv(key, "")  # recorded, so that what the plan sets (as run_ppo does) is undone after
+        monkeypatch.delenv(key)
     comp = composed("actor_rollout_ref.rollout.full_determinism=true", "actor_rollout_ref.rollout.seed=7")
     env = plan_launch(comp.cfg, comp.view, tmp_path, {}).init_kwargs["runtime_env"]["env_vars"]
     assert (env["VERL_FULL_DETERMINISM"], env["VLLM_BATCH_INVARIANT"], env["PYTHONHASHSEED"]) == (

@@ -24,7 +24,8 @@ from conftest import EXAMPLES, CliResult, fresh_ray_env
 
 from verl_safe_launch.launch import NO_CUDA_NOTE, RUN_DIR_ENV, SETUP_HOOK
 
-pytestmark = pytest.mark.slow
+# The module's Ray starts once: under pytest-xdist the whole module runs on one worker.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray-hooks")]
 CLUSTER_GPUS = 2
 
 

@@ -17,7 +17,8 @@ import pytest
 from conftest import DATA, CliResult, short_temp_dir
 from slurm_cluster import Job, SlurmCluster, missing_requirement, start_cluster
 
-pytestmark = pytest.mark.slow
+# The module's Slurm cluster starts once: under pytest-xdist the whole module runs on one worker.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("slurm-real")]
 
 SMALL = str(DATA / "slurm" / "grpo_small.yaml")
 VENV_BIN = str(Path(sys.executable).parent)

@@ -23,6 +23,8 @@ from conftest import EXAMPLES, CliResult, make_tiny_model
 from verl_safe_launch.backends import JobTarget, submit_job
 from verl_safe_launch.errors import UsageError
 
+# The module's Ray cluster starts once: under pytest-xdist the whole module runs on one worker.
+pytestmark = pytest.mark.xdist_group("ray-submit")
 GRPO = str(EXAMPLES / "grpo_6gpu.yaml")
 
 

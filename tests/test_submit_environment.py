@@ -17,6 +17,9 @@ from test_submit import _free_port, _small_run
 
 from verl_safe_launch.backends import token_fix
 
+# The module's Ray cluster starts once: under pytest-xdist the whole module runs on one worker.
+pytestmark = pytest.mark.xdist_group("ray-bare")
+
 
 @pytest.fixture(scope="module")
 def bare_cluster() -> Iterator[str]:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import VERL_RELEASES as RELEASES
 from conftest import CliResult, make_tiny_model
 from omegaconf import OmegaConf
 
@@ -25,7 +26,6 @@ from verl_safe_launch.inputs.schema import load_schema
 from verl_safe_launch.inputs.schema_ast import SourceReader, read_schema
 from verl_safe_launch.inputs.schema_shape import targets_of
 
-RELEASES = ("0.5.0", "0.6.1", "0.7.1", "0.8.0")
 NO_ENTRY_POINT = {"0.6.1": "its main_ppo imports transformers.AutoModelForVision2Seq, gone from this venv"}
 """Releases whose ``main_ppo --cfg job`` cannot run here: Hydra's compose of their config dir is the oracle."""
 LINES = [
@@ -37,19 +37,6 @@ LINES = [
     "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
 ]
 ROOT = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture(scope="session")
-def releases(request: pytest.FixtureRequest) -> Path:
-    """A directory with one ``pip --target`` install per release (made here on first use)."""
-    given = os.environ.get("VSL_TEST_VERL_RELEASES")
-    base = Path(given) if given else request.config.cache.mkdir("verl-releases")
-    for version in RELEASES:
-        target = base / version
-        if not (target / "verl" / "version" / "version").is_file():
-            cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target)]
-            subprocess.run([*cmd, f"verl=={version}"], check=True, timeout=600)
-    return base
 
 
 @pytest.fixture
