@@ -23,6 +23,12 @@ from verl_safe_launch.inputs.keytypes import (
 )
 from verl_safe_launch.inputs.knowledge import cache_root, cached_bytes, cached_fact, knowledge_dir
 from verl_safe_launch.inputs.machine import slurm_mem_gib
+from verl_safe_launch.inputs.model_files import (
+    ModelFiles,
+    generate_model_files,
+    missing_model_files,
+    model_files,
+)
 from verl_safe_launch.inputs.overrides import (
     OverrideToken,
     ToolSettings,
@@ -58,6 +64,7 @@ __all__ = [
     "Fact",
     "HardwareProfile",
     "KeyFacts",
+    "ModelFiles",
     "OverrideToken",
     "Registry",
     "ToolSettings",
@@ -77,6 +84,7 @@ __all__ = [
     "detect_hardware",
     "display_path",
     "from_config_dict",
+    "generate_model_files",
     "hardware_fills",
     "hardware_findings",
     "key_facts",
@@ -84,6 +92,8 @@ __all__ = [
     "load_architecture",
     "local_architectures",
     "merge_profiles",
+    "missing_model_files",
+    "model_files",
     "names_read_with_get",
     "package_in",
     "parse_override",
