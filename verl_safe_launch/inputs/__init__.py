@@ -25,7 +25,13 @@ from verl_safe_launch.inputs.keytypes import (
     verl_files,
     verl_prefix,
 )
-from verl_safe_launch.inputs.knowledge import cache_root, cached_bytes, cached_fact, knowledge_dir
+from verl_safe_launch.inputs.knowledge import (
+    cache_root,
+    cached_bytes,
+    cached_fact,
+    cached_json,
+    knowledge_dir,
+)
 from verl_safe_launch.inputs.overrides import (
     OverrideToken,
     ToolSettings,
@@ -71,6 +77,7 @@ __all__ = [
     "cache_root",
     "cached_bytes",
     "cached_fact",
+    "cached_json",
     "choose_verl",
     "cli_tokens",
     "count_of",
