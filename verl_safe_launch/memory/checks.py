@@ -75,9 +75,10 @@ def _rollout(ctx: RuleContext, facts: RolloutFacts, gpu: float) -> list[Finding]
         )
         fix = render_fix([_util_fix(facts, facts.seq_len, gpu), _tp_fix(ctx, facts)])
         return [_finding(ctx, WEIGHTS, Severity.ERROR, (UTIL_KEY, TP_KEY), msg, fix)]
+    graphs = f" − CUDA graphs {_gib(facts.graphs_in_pool)}" if facts.graphs_in_pool else ""
     head = (
         f"the KV cache holds ~{facts.capacity_tokens} tokens per rollout replica ({pool} − weights "
-        f"{_gib(facts.weights_bytes)} − activations {_gib(facts.activation_bytes)}, "
+        f"{_gib(facts.weights_bytes)} − activations {_gib(facts.activation_bytes)}{graphs}, "
         f"{facts.kv_bytes_per_token // 1024} KiB per token)"
     )
     if facts.capacity_tokens < facts.max_model_len:
