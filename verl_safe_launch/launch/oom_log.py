@@ -140,7 +140,8 @@ class OomEvent:
     unallocated_gib: float | None = None
     """What PyTorch had reserved but not handed out: memory the allocator could not use (fragmentation)."""
     own_pid: int | None = None
-    """The failing process's own entry in torch's list of processes, when torch listed it as any other."""
+    """The failing process's entry in torch's list, when torch did not recognise its own process (inside a
+    container) and listed it as any other: its memory in use is that entry's."""
 
     @property
     def other_process_gib(self) -> float:
@@ -330,8 +331,9 @@ def _own_entry(event: OomEvent, above: Sequence[str]) -> OomEvent:
     if index is None:
         return event
     pid, held = entries.pop(index)
-    in_use = event.in_use_gib or held
-    return dataclasses.replace(event, others_gib=tuple(entries), own_pid=pid, in_use_gib=in_use)
+    if event.in_use_gib:  # torch knew its own process and listed it again (by the driver's pid)
+        return dataclasses.replace(event, others_gib=tuple(entries))
+    return dataclasses.replace(event, others_gib=tuple(entries), own_pid=pid, in_use_gib=held)
 
 
 def distinct(events: Iterable[OomEvent]) -> list[OomEvent]:
