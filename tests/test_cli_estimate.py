@@ -35,8 +35,8 @@ def test_fit_prints_overrides_to_paste(cli: Callable[..., CliResult]) -> None:
     assert r.code == 0, r.err
     paste = r.out.splitlines()[-1].split()
     assert paste == [
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=60",
-        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=60",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=120",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=120",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=40",
     ]
     check = cli("check", "-c", EXAMPLE, "hardware.gpu_memory_gb=80", *paste)

@@ -35,12 +35,13 @@ def test_six_gpu_example_fits_and_passes_check() -> None:
     fits = by_key(fit_knobs(context()))
     assert set(fits) == {ACTOR, LOGPROB, REF}
     assert fits[ACTOR].value == 40 and fits[ACTOR].current == 8  # 120 per GPU: the largest divisor that fits
-    # 120 fits the central estimate, but its upper band would pass 80 GiB: the fit is conservative
-    assert fits[LOGPROB].value == 60 and fits[REF].value == 60
+    # all 120 rows in one micro batch: 72.1 GiB, within the 10% margin, and the band (Qwen2's row measured within
+    # 0.2% of full-depth traces, plus 5% fragmentation and the shards' own) stays under 80 GiB
+    assert fits[LOGPROB].value == 120 and fits[REF].value == 120
     for fit in fits.values():
         assert fit.peak_gib * 1.1 <= 80
     high = estimate_memory(context({LOGPROB: 120})).stage("old log-prob")
-    assert high is not None and high.total * 1.1 <= 80 < high.high
+    assert high is not None and high.total * 1.1 <= 80 and high.high <= 80
     overrides = [f.override for f in fits.values() if f.override]
     tokens = cli_tokens(["hardware.gpu_memory_gb=80", *overrides])
     request = ComposeRequest(overrides=tokens, config_files=(Path(EXAMPLES / "grpo_6gpu.yaml"),))
@@ -53,14 +54,14 @@ def test_the_fitted_value_is_the_largest_that_fits() -> None:
     assert fit.value is not None
     over = estimate_memory(context({ACTOR: 60})).stage("actor update")  # the next divisor of 120 above 40
     assert over is not None and (over.total * 1.1 > 80 or over.high > 80)
-    assert "up to 54 would fit, 40 is the largest valid value" in fit.reason
-    edge = estimate_memory(context({ACTOR: 55})).stage("actor update")
+    assert "up to 58 would fit, 40 is the largest valid value" in fit.reason
+    edge = estimate_memory(context({ACTOR: 59})).stage("actor update")
     assert edge is not None and (edge.total * 1.1 > 80 or edge.high > 80)
 
 
 def test_cap_bounds_each_knob() -> None:
     fits = by_key(fit_knobs(context(), cap={ACTOR: 10, LOGPROB: 7}))
-    assert fits[ACTOR].value == 10 and fits[LOGPROB].value == 6 and fits[REF].value == 60
+    assert fits[ACTOR].value == 10 and fits[LOGPROB].value == 6 and fits[REF].value == 120
 
 
 def test_margin_lowers_the_fit() -> None:

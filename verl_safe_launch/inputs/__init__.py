@@ -21,7 +21,13 @@ from verl_safe_launch.inputs.keytypes import (
     verl_files,
     verl_prefix,
 )
-from verl_safe_launch.inputs.knowledge import cache_root, cached_bytes, cached_fact, knowledge_dir
+from verl_safe_launch.inputs.knowledge import (
+    cache_root,
+    cached_bytes,
+    cached_fact,
+    cached_json,
+    knowledge_dir,
+)
 from verl_safe_launch.inputs.machine import slurm_mem_gib
 from verl_safe_launch.inputs.model_files import (
     ModelFiles,
@@ -76,6 +82,7 @@ __all__ = [
     "cache_root",
     "cached_bytes",
     "cached_fact",
+    "cached_json",
     "choose_verl",
     "cli_tokens",
     "count_of",

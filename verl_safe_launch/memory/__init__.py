@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from verl_safe_launch.memory.checks import memory_findings
+from verl_safe_launch.memory.engine import CRITIC_V1_BUDGET, CRITIC_V1_BUDGET_DEFAULT
 from verl_safe_launch.memory.estimate import (
     COMPONENTS,
     DEFAULT_OVERHEAD_GIB,
@@ -26,6 +27,8 @@ from verl_safe_launch.memory.terms import (
 
 __all__ = [
     "COMPONENTS",
+    "CRITIC_V1_BUDGET",
+    "CRITIC_V1_BUDGET_DEFAULT",
     "DEFAULT_OVERHEAD_GIB",
     "GIB",
     "Entropy",

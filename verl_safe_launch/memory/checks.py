@@ -75,9 +75,10 @@ def _rollout(ctx: RuleContext, facts: RolloutFacts, gpu: float) -> list[Finding]
         )
         fix = render_fix([_util_fix(facts, facts.seq_len, gpu), _tp_fix(ctx, facts)])
         return [_finding(ctx, WEIGHTS, Severity.ERROR, (UTIL_KEY, TP_KEY), msg, fix)]
+    graphs = f" − CUDA graphs {_gib(facts.graphs_in_pool)}" if facts.graphs_in_pool else ""
     head = (
         f"the KV cache holds ~{facts.capacity_tokens} tokens per rollout replica ({pool} − weights "
-        f"{_gib(facts.weights_bytes)} − activations {_gib(facts.activation_bytes)}, "
+        f"{_gib(facts.weights_bytes)} − activations {_gib(facts.activation_bytes)}{graphs}, "
         f"{facts.kv_bytes_per_token // 1024} KiB per token)"
     )
     if facts.capacity_tokens < facts.max_model_len:
@@ -114,16 +115,12 @@ def _verdicts(ctx: RuleContext, est: MemoryEstimate) -> list[Finding]:
 
 
 def _untraced(ctx: RuleContext, est: MemoryEstimate) -> list[Finding]:
-    """An untraced family's 'fits' and 'tight' are said to rest on a wide band (its other verdicts say so)."""
+    """A 'fits' or 'tight' of a model whose code could not be traced rests on a stand-in family's measured band."""
     judged = [s for s in est.stages if not s.traced and s.verdict in ("fits", "tight")]
     if not judged:
         return []
-    arch = ctx.actor_arch.model_type if ctx.actor_arch else "unknown"
     named = ", ".join(f"{s.name} {s.verdict}" for s in judged)
-    msg = (
-        f"architecture family '{arch}' has not been traced: {named} rest on Llama constants with activations "
-        "and logits ±30% (the whole band under the GPU size)"
-    )
+    msg = f"{named} rest on a stand-in: {est.terms} (the whole band under the GPU size)"
     fix = "measure one step (verl-safe-launch run records each stage's peak) before relying on the margin"
     return [_finding(ctx, UNTRACED_ID, Severity.WARNING, (), msg, fix)]
 
@@ -142,7 +139,7 @@ def _verdict(
         msg += f"; less than the {est.margin:.0%} margin left"
     if not stage.traced:
         arch = ctx.actor_arch.model_type if ctx.actor_arch else "unknown"
-        msg += f"; architecture family '{arch}' has not been traced (band ±30%)"
+        msg += f"; the code of '{arch}' could not be traced (stand-in family, band ±{stage.band:.0%})"
     fit = fits.get(stage.knob or "")
     fix = fit.override if fit else None
     offloaded = ctx.view.get(PARAM_OFFLOAD) is True or ctx.view.get(OFFLOAD_POLICY) is True
@@ -155,8 +152,8 @@ def _unverified(ctx: RuleContext, est: MemoryEstimate, stage: StageEstimate) -> 
     arch = ctx.actor_arch.model_type if ctx.actor_arch else "unknown"
     msg = (
         f"{stage.name} needs ~{stage.total:.1f} GiB per GPU, but the band {stage.low:.1f}–{stage.high:.1f} "
-        f"straddles {est.gpu_memory_gib or 0:g} GiB and architecture family '{arch}' has not been traced: "
-        "no verdict"
+        f"straddles {est.gpu_memory_gib or 0:g} GiB and the code of '{arch}' could not be traced (a stand-in "
+        "family's band): no verdict"
     )
     fix = (
         "lower the stage's micro batch until the band's upper edge is under the GPU size, or measure one step"
