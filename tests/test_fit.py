@@ -157,3 +157,36 @@ def test_fitted_micro_batches_fit_the_traced_peak(name: str, tmp_path: Path) -> 
         micro = dict(stage.phases).get("micro batch", stage.total)
         peak = micro - stage.batch_gib + traced / (1 << 30)
         assert peak <= 80, (key, value, peak)
+
+
+@pytest.mark.parametrize("flash", [True, None], ids=["flash-attn declared", "flash-attn unknown"])
+def test_estimate_check_and_fit_give_one_verdict(flash: bool | None) -> None:
+    """Qwen2.5-7B at 512+1024 tokens on 80 GiB: for every actor micro batch around the edge, estimate says 'fits'
+    exactly when --fit would propose it, and check warns exactly when it would not."""
+    base = {"data.max_prompt_length": 512, "data.max_response_length": 1024}
+    hardware = HardwareFacts(gpu_memory_gb=80, flash_attn=flash)
+    view = context(base).view
+    ctx = context(base)
+    fit = by_key(fit_knobs(type(ctx)(view, ctx.actor_arch, ctx.critic_arch, hardware)))[ACTOR]
+    largest = fit.fits_up_to
+    assert largest is not None and fit.value is not None and fit.value <= largest
+    for micro in range(max(1, largest - 4), largest + 5):
+        changed = context({**base, ACTOR: micro})
+        ctx_m = type(changed)(changed.view, changed.actor_arch, changed.critic_arch, hardware)
+        stage = estimate_memory(ctx_m).stage("actor update")
+        assert stage is not None
+        findings = run_preflight_memory(ctx_m)
+        warned = any(f.rule_id in ("memory-stage-tight", "memory-stage-out-of-memory") for f in findings)
+        assert (stage.verdict == "fits") == (micro <= largest) == (not warned), (
+            micro,
+            stage.verdict,
+            largest,
+        )
+        if micro > largest:
+            assert stage.verdict in ("does not fit", "out of memory")
+
+
+def run_preflight_memory(ctx: object) -> list[object]:
+    from verl_safe_launch.memory import memory_findings
+
+    return [f for f in memory_findings(ctx) if "actor update" in f.message]  # type: ignore[arg-type]

@@ -44,7 +44,8 @@ def detect_hardware(tool: ToolSettings, env: Mapping[str, str] | None = None) ->
         gpu_memory_gb=declared.gpu_memory_gb or smi.gpu_memory_gb,
         gpu_name=declared.gpu_name or smi.gpu_name or slurm.gpu_name,
         notes=tuple(notes) + smi.notes,
-        flash_attn=declared.flash_attn or flash_attn_installed(env),
+        flash_attn=declared.flash_attn
+        or flash_attn_installed(env, bool(smi.gpus_per_node or slurm.gpus_per_node)),
         host_memory_gb=declared.host_memory_gb
         or slurm_memory(env)
         or (meminfo() if smi.gpus_per_node else None),

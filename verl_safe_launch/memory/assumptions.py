@@ -56,6 +56,12 @@ def entropy_line(e: Engine) -> str:
 FLASH_CE_ENV_KEY = "ray_kwargs.ray_init.runtime_env.env_vars.VERL_DISABLE_FLASH_ATTN_CE"
 
 
+def flash_decides(ctx: RuleContext) -> bool:
+    """Whether flash-attn being installed decides verl's log-prob path (not fused kernels, not switched off)."""
+    fused = ctx.view.get(f"{ARR}.model.use_fused_kernels") is True
+    return not fused and str(ctx.view.get(FLASH_CE_ENV_KEY)) != "1"
+
+
 def logits_path(ctx: RuleContext) -> tuple[bool, str]:
     """Whether verl computes log-probs with flash-attn's cross-entropy, and the assumption line saying why."""
     fallback = "verl's logprobs_from_logits_v2 (row-wise log_softmax, a saved copy and a separate gradient)"
@@ -68,9 +74,9 @@ def logits_path(ctx: RuleContext) -> tuple[bool, str]:
         return False, f"log-probs: {fallback}: VERL_DISABLE_FLASH_ATTN_CE=1 in the workers' runtime env"
     flash = ctx.hardware.flash_attn
     if flash is None:
-        return True, (
-            "log-probs: flash-attn cross-entropy assumed (in-place gradient; not detected: set "
-            "hardware.flash_attn=false where flash-attn is missing or VERL_DISABLE_FLASH_ATTN_CE=1)"
+        return False, (
+            f"log-probs: {fallback}: flash-attn's cross-entropy not assumed, since nothing here tells whether the "
+            "GPU nodes have flash-attn (declare hardware.flash_attn=true if they do)"
         )
     if flash:
         return True, "log-probs: flash-attn cross-entropy (in-place gradient; hardware.flash_attn=true)"

@@ -6,7 +6,15 @@ from collections.abc import Mapping
 
 from verl_safe_launch.context import RuleContext
 from verl_safe_launch.findings import Finding, Severity
-from verl_safe_launch.memory.estimate import UNVERIFIED, MemoryEstimate, StageEstimate, estimate_memory
+from verl_safe_launch.memory.defaults import flash_clause, flash_fits
+from verl_safe_launch.memory.estimate import (
+    DOES_NOT_FIT,
+    FITS,
+    OUT_OF_MEMORY,
+    MemoryEstimate,
+    StageEstimate,
+    estimate_memory,
+)
 from verl_safe_launch.memory.fit import KnobFit, fit_knobs
 from verl_safe_launch.memory.host import host_findings
 from verl_safe_launch.memory.rollout import MAX_MODEL_LEN_KEY, TP_KEY, UTIL_KEY, RolloutFacts
@@ -104,9 +112,7 @@ def _verdicts(ctx: RuleContext, est: MemoryEstimate) -> list[Finding]:
     out: list[Finding] = []
     fits: dict[str, KnobFit] | None = None
     for stage in est.stages:
-        if stage.verdict == UNVERIFIED:
-            out.append(_unverified(ctx, est, stage))
-        if stage.verdict not in ("out of memory", "tight"):
+        if stage.verdict not in (OUT_OF_MEMORY, DOES_NOT_FIT):
             continue
         if fits is None and stage.name != "rollout":
             fits = {f.key: f for f in fit_knobs(ctx, est.margin)}
@@ -115,8 +121,8 @@ def _verdicts(ctx: RuleContext, est: MemoryEstimate) -> list[Finding]:
 
 
 def _untraced(ctx: RuleContext, est: MemoryEstimate) -> list[Finding]:
-    """A 'fits' or 'tight' of a model whose code could not be traced rests on a stand-in family's measured band."""
-    judged = [s for s in est.stages if not s.traced and s.verdict in ("fits", "tight")]
+    """A 'fits' of a model whose code could not be traced rests on a stand-in family's measured band."""
+    judged = [s for s in est.stages if not s.traced and s.verdict == FITS]
     if not judged:
         return []
     named = ", ".join(f"{s.name} {s.verdict}" for s in judged)
@@ -134,9 +140,14 @@ def _verdict(
         f"{stage.name} needs ~{stage.total:.1f} GiB per GPU (band {stage.low:.1f}–{stage.high:.1f}) of {gpu:g} GiB"
         f", peak at {stage.phase}; largest part: {top[0]} {top[1]:.1f} GiB"
     )
-    oom = stage.verdict == "out of memory"
-    if not oom:
-        msg += f"; less than the {est.margin:.0%} margin left"
+    oom = stage.verdict == OUT_OF_MEMORY
+    if not oom and stage.total * (1 + est.margin) > gpu:
+        msg += f"; it does not fit with the {est.margin:.0%} margin"
+    elif not oom:
+        msg += f"; it does not fit: the band's top is over {gpu:g} GiB"
+    alt = flash_fits(ctx, est).get(stage.name)
+    if alt is not None:
+        msg += f"; {flash_clause(alt)}"
     if not stage.traced:
         arch = ctx.actor_arch.model_type if ctx.actor_arch else "unknown"
         msg += f"; the code of '{arch}' could not be traced (stand-in family, band ±{stage.band:.0%})"
@@ -146,20 +157,6 @@ def _verdict(
     text = f"{fix} (est. {fit.peak_gib:.1f} GiB)" if fit and fix else _no_fit_fix(stage, fit, offloaded)
     keys = (stage.knob,) if stage.knob else ()
     return _finding(ctx, OOM if oom else TIGHT, Severity.ERROR if oom else Severity.WARNING, keys, msg, text)
-
-
-def _unverified(ctx: RuleContext, est: MemoryEstimate, stage: StageEstimate) -> Finding:
-    arch = ctx.actor_arch.model_type if ctx.actor_arch else "unknown"
-    msg = (
-        f"{stage.name} needs ~{stage.total:.1f} GiB per GPU, but the band {stage.low:.1f}–{stage.high:.1f} "
-        f"straddles {est.gpu_memory_gib or 0:g} GiB and the code of '{arch}' could not be traced (a stand-in "
-        "family's band): no verdict"
-    )
-    fix = (
-        "lower the stage's micro batch until the band's upper edge is under the GPU size, or measure one step"
-    )
-    keys = (stage.knob,) if stage.knob else ()
-    return _finding(ctx, UNVERIFIED_ID, Severity.WARNING, keys, msg, fix)
 
 
 PARAM_OFFLOAD = "actor_rollout_ref.actor.fsdp_config.param_offload"

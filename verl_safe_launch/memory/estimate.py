@@ -116,26 +116,26 @@ class MemoryEstimate:
         return max(self.stages, key=lambda s: s.total, default=None)
 
 
-UNVERIFIED = "unverified"
 UNTRACED = "model code not traced"
 
 
-def verdict(total: float, gpu: float | None, margin: float) -> str | None:
-    """``fits`` with the margin, ``tight`` (fits without it), ``out of memory``; None without a GPU size."""
-    if gpu is None:
-        return None
-    if total * (1 + margin) <= gpu:
-        return "fits"
-    return "tight" if total <= gpu else "out of memory"
+FITS, DOES_NOT_FIT, OUT_OF_MEMORY = "fits", "does not fit", "out of memory"
 
 
-def band_verdict(total: float, low: float, high: float, gpu: float | None, margin: float) -> str | None:
-    """The verdict of an untraced architecture: only what the whole band agrees on, else ``unverified``."""
+def stage_fits(total: float, high: float, gpu: float, margin: float) -> bool:
+    """The one test of ``estimate``, ``check`` and ``--fit``: the estimate with the margin, and the band's top,
+    within the GPU."""
+    return total * (1 + margin) <= gpu and high <= gpu
+
+
+def verdict(total: float, high: float, gpu: float | None, margin: float) -> str | None:
+    """``fits`` (``stage_fits``), ``out of memory`` (the estimate itself is over the GPU size), else ``does not
+    fit`` (within the GPU, but not with the margin or not with the band's top); None without a GPU size."""
     if gpu is None:
         return None
-    if high <= gpu:
-        return verdict(total, gpu, margin)
-    return "out of memory" if low > gpu else UNVERIFIED
+    if stage_fits(total, high, gpu, margin):
+        return FITS
+    return DOES_NOT_FIT if total <= gpu else OUT_OF_MEMORY
 
 
 def finish(
@@ -147,12 +147,9 @@ def finish(
     measured = {"activations", "logits and temporaries"}
     spread = sum(v * (ctx.source.band if c in measured else UNCERTAINTY[c]) for c, v in gib)
     high, low = total + spread + FRAGMENTATION * total, total - spread
-    traced = ctx.calibrated
-    judged = (
-        verdict(total, ctx.gpu, ctx.margin) if traced else band_verdict(total, low, high, ctx.gpu, ctx.margin)
-    )
+    judged = verdict(total, high, ctx.gpu, ctx.margin)
     return StageEstimate(
-        name, gib, phase, batch, knob, low, high, judged, traced=traced, band=ctx.source.band
+        name, gib, phase, batch, knob, low, high, judged, traced=ctx.calibrated, band=ctx.source.band
     )
 
 
@@ -296,8 +293,10 @@ def assumptions(s: Settings, specs: list[StageSpec], rollout: RolloutFacts | Non
         )
     if a.megatron:
         lines.append("model_engine=megatron: modelled as FSDP with the same sharding (indicative only)")
-    if not s.source.traced:
-        lines.append(f"a stage whose band straddles the GPU size is '{UNVERIFIED}', not 'fits'")
+    lines.append(
+        f"'fits': the estimate with the {s.margin:.0%} margin and the band's top within the GPU (what --fit "
+        "proposes); 'does not fit': within the GPU but not so; 'out of memory': the estimate itself is over it"
+    )
     lines.extend(architecture_lines(a.arch))
     if any(spec.dynamic for spec in specs):
         lines.append("dynamic batch size: a micro batch fills its token budget")
