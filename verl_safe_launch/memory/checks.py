@@ -28,7 +28,6 @@ KV_ONE, KV_CONCURRENCY, WEIGHTS = (
     "rollout-weights-per-rank",
 )
 UNKNOWN = "memory-model-unknown"
-UNVERIFIED_ID = "memory-stage-unverified"
 UNTRACED_ID = "memory-family-untraced"
 
 
