@@ -42,6 +42,15 @@ class VisionTower:
 
 
 @dataclass(frozen=True)
+class RopeScaling:
+    """One RoPE scaling entry of config.json (``rope_scaling``, or one layer type's ``rope_parameters``)."""
+
+    rope_type: str
+    factor: float | None = None
+    original_max_position_embeddings: int | None = None
+
+
+@dataclass(frozen=True)
 class Architecture:
     """The config.json numbers the pre-flight and the memory model need."""
 
@@ -72,6 +81,9 @@ class Architecture:
     qk_nope_head_dim: int = 0
     v_head_dim: int = 0
     vision: VisionTower | None = None
+    length_keys: tuple[tuple[str, int], ...] = ()
+    """Every key of the text config that states a maximum length (``max_position_embeddings``, ``seq_length``...)."""
+    rope_scaling: tuple[RopeScaling, ...] = ()
 
     @property
     def mla(self) -> bool:

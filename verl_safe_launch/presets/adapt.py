@@ -43,6 +43,7 @@ from verl_safe_launch.rules import (
     divisors,
     nearest,
     pos_int,
+    rollout_tp_ok,
     sync_steps,
     with_values,
 )
@@ -302,7 +303,7 @@ def _rollout_tp(state: _Adaptation) -> None:
     current, gpn = state.value(ROLLOUT_TP), state.value(GPU_KEYS[0][0])
     if not state.owned(ROLLOUT_TP) or current is None or gpn is None:
         return
-    valid = [d for d in divisors(gpn) if _heads_ok(state.arch, d)]
+    valid = [d for d in divisors(gpn) if rollout_tp_ok(state.view, state.arch, d)]
     if current not in valid:
         pick = max([d for d in valid if d <= current] or [1])
         state.change(
@@ -605,7 +606,8 @@ def _rollout_plan(state: _Adaptation, trial: _Trial) -> tuple[dict[str, Any], di
     gpn = state.value(GPU_KEYS[0][0])
     if gpn is None:
         return None
-    tps = [d for d in divisors(gpn) if _heads_ok(state.arch, d)] if state.free(ROLLOUT_TP) else []
+    ok = [d for d in divisors(gpn) if rollout_tp_ok(state.view, state.arch, d)]
+    tps = ok if state.free(ROLLOUT_TP) else []
     own = state.value(ROLLOUT_TP) or 1
     # the preset's TP when it fits, else the smallest larger one that does, else a smaller one
     tps = sorted(tps, key=lambda tp: (tp < own, tp if tp >= own else -tp)) or [own]
