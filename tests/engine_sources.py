@@ -123,16 +123,19 @@ def vllm_paths(root: Path) -> list[Path]:
 
 
 def run_oracle(
-    script: str, paths: list[Path], cases: list[dict[str, Any]], home: Path
+    script: str, paths: list[Path], cases: list[dict[str, Any]], home: Path, cache: Path | None = None
 ) -> list[dict[str, Any]]:
-    """Run ``tests/<script>`` in a fresh interpreter on ``cases`` (JSON in, one JSON verdict per case out)."""
+    """Run ``tests/<script>`` in a fresh interpreter on ``cases`` (JSON in, one JSON verdict per case out).
+
+    ``cache`` keeps vLLM's model-inspection cache between runs (it is keyed by the model's config).
+    """
     import json
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "CUDA_"))}
     env.update(
         PYTHONPATH=os.pathsep.join(str(p) for p in paths),
         HOME=str(home),
-        VLLM_CACHE_ROOT=str(home / "vllm"),
+        VLLM_CACHE_ROOT=str(cache or home / "vllm"),
         XDG_CACHE_HOME=str(home / "cache"),
         HF_HUB_OFFLINE="1",
         TRANSFORMERS_OFFLINE="1",

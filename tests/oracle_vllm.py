@@ -38,6 +38,15 @@ def main() -> None:
             dirs[key] = path
         return str(dirs[key])
 
+    built: dict[str, Any] = {}
+
+    def shared_config(config: dict[str, Any]) -> Any:
+        """One ModelConfig per model for the parallel-size cases (they do not change it)."""
+        key = json.dumps(config, sort_keys=True)
+        if key not in built:
+            built[key] = model_config(config)
+        return built[key]
+
     def model_config(config: dict[str, Any], max_model_len: int | None = None) -> Any:
         path = model_dir(config)
         return ModelConfig(
@@ -70,13 +79,13 @@ def main() -> None:
     def verdict(case: dict[str, Any]) -> str | None:
         config, kind = case["config"], case["kind"]
         if kind == "tp":
-            verify = model_config(config).verify_with_parallel_config
+            verify = shared_config(config).verify_with_parallel_config
             return refused(verify, ParallelConfig(tensor_parallel_size=case["tp"])) or refused(
                 split, config, case["tp"]
             )
         if kind == "ep":
             parallel = ParallelConfig(tensor_parallel_size=case["tp"], enable_expert_parallel=True)
-            return refused(model_config(config).verify_with_parallel_config, parallel)
+            return refused(shared_config(config).verify_with_parallel_config, parallel)
         # the max_model_len verl passes: its own value or the model's positions, compared by verl first
         positions = get_max_position_embeddings(AutoConfig.from_pretrained(model_dir(config)))
         own, extra = case["rollout_max_model_len"], case["engine_max_model_len"]

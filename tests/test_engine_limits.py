@@ -168,9 +168,8 @@ VLLM_RULES = {"vllm-tp-heads", "vllm-max-model-len", "vllm-expert-parallel", "la
 
 def test_vllm_rules_agree_with_vllm(engines: Path, tmp_path: Path) -> None:
     cases = list(vllm_cases())
-    theirs = run_oracle(
-        "oracle_vllm.py", vllm_paths(engines), [{**ask, "config": c} for _, c, ask, _ in cases], tmp_path
-    )
+    asks = [{**ask, "config": c} for _, c, ask, _ in cases]
+    theirs = run_oracle("oracle_vllm.py", vllm_paths(engines), asks, tmp_path, engines / "vllm-cache")
     view = recompose([*BASE, f"{R}.name=vllm"]).view
     pairs = [
         (label, ours(view, changes, arch(label, config), VLLM_RULES), verdict["refused"])
