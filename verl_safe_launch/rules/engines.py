@@ -278,7 +278,7 @@ def sglang_moe_split(ctx: RuleContext) -> list[Draft]:
             f"SGLang's FusedMoE stops with a bare AssertionError (assert (num_experts - num_shared_slots) % "
             f"self.moe_ep_size == 0); {STARTS}"
         )
-        valid = tuple(e for e in divisors(arch.num_experts) if e == 1 or e == tp * dp)
+        valid = tuple(e for e in sorted({1, tp * dp}) if _moe_refusal(arch, tp * dp, e) is None)
         return [Draft(keys, msg, (KeyFix(ROLLOUT_EP, valid),) if valid else ())]
     moe_tp, width = tp * dp // ep, arch.expert_intermediate_size
     if width % moe_tp == 0:
@@ -292,6 +292,13 @@ def sglang_moe_split(ctx: RuleContext) -> list[Draft]:
     if arch.num_experts % (tp * dp) == 0:
         fixes.append(set_fix(ROLLOUT_EP, tp * dp))
     return [Draft(keys, msg, tuple(fixes))]
+
+
+def _moe_refusal(arch: Architecture, tp_size: int, ep: int) -> str | None:
+    """Which of FusedMoE's splits fails for SGLang's tp_size and expert parallel ``ep`` (None: neither)."""
+    if arch.num_experts % ep:
+        return "experts"
+    return "width" if arch.expert_intermediate_size % (tp_size // ep) else None
 
 
 @check(
