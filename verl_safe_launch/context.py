@@ -99,6 +99,15 @@ class TracedTerms:
 
 
 @dataclass(frozen=True)
+class RopeScaling:
+    """One RoPE scaling entry of config.json (``rope_scaling``, or one layer type's ``rope_parameters``)."""
+
+    rope_type: str
+    factor: float | None = None
+    original_max_position_embeddings: int | None = None
+
+
+@dataclass(frozen=True)
 class Architecture:
     """The config.json numbers the pre-flight and the memory model need."""
 
@@ -135,6 +144,9 @@ class Architecture:
     """The config.json mapping as read (canonical JSON), from which the model's code can be built."""
     config_type: str = ""
     """The config.json's own model_type (a vision-language model's, where ``model_type`` is its text model's)."""
+    length_keys: tuple[tuple[str, int], ...] = ()
+    """Every key of the text config that states a maximum length (``max_position_embeddings``, ``seq_length``...)."""
+    rope_scaling: tuple[RopeScaling, ...] = ()
 
     @property
     def mla(self) -> bool:

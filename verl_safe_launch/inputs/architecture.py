@@ -9,7 +9,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from verl_safe_launch.context import Architecture, VisionTower
+from verl_safe_launch.context import Architecture, RopeScaling, VisionTower
 from verl_safe_launch.errors import InputError
 from verl_safe_launch.files import MAX_INPUT_BYTES, read_input
 from verl_safe_launch.inputs.hub_config import relies_on_defaults, text_part, with_defaults
@@ -46,9 +46,49 @@ def from_config_dict(data: dict[str, Any], name: str, source: str) -> Architectu
         vision=vision,
         config_json=json.dumps(raw, sort_keys=True, default=str),
         config_type=str(raw.get("model_type", "")),
+        length_keys=tuple((key, value) for key in LENGTH_KEYS if (value := _first_int(data, (key,)))),
+        rope_scaling=_rope_scaling(data, _first_int(data, ("original_max_position_embeddings",))),
         **_moe_fields(data),
         **_mla_fields(data),
     )
+
+
+LENGTH_KEYS = (
+    "max_position_embeddings",
+    "n_positions",
+    "max_seq_len",
+    "seq_length",
+    "model_max_length",
+    "max_target_positions",
+    "max_sequence_length",
+    "max_seq_length",
+    "seq_len",
+)
+"""Keys under which a config.json states a maximum length (the list vLLM derives its max_model_len from)."""
+
+
+def _rope_scaling(data: dict[str, Any], outer_original: int) -> tuple[RopeScaling, ...]:
+    """``rope_scaling`` (or transformers 5's ``rope_parameters``, one entry per layer type when nested).
+
+    A top-level ``original_max_position_embeddings`` wins over the entry's own, as transformers standardizes it.
+    """
+    found = data.get("rope_scaling") or data.get("rope_parameters")
+    if not isinstance(found, dict):
+        return ()
+    entries = found.values() if all(isinstance(v, dict) for v in found.values()) else [found]
+    out: list[RopeScaling] = []
+    for entry in entries:
+        rope_type = entry.get("rope_type") or entry.get("type") or "default"
+        factor = entry.get("factor")
+        original = outer_original or entry.get("original_max_position_embeddings")
+        out.append(
+            RopeScaling(
+                str(rope_type),
+                float(factor) if isinstance(factor, int | float) and not isinstance(factor, bool) else None,
+                original if isinstance(original, int) and not isinstance(original, bool) else None,
+            )
+        )
+    return tuple(out)
 
 
 MLA_KEYS = ("q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
