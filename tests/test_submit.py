@@ -76,7 +76,14 @@ def cluster() -> Iterator[str]:
         made = Cluster(
             initialize_head=True,
             connect=False,
-            head_node_args={**head, "dashboard_port": port, "temp_dir": str(temp / "ray")},
+            # The head's job agent listens on 52365 unless told: a second Ray on this machine (another test
+            # worker's) would take it, and the job API then answers "No available agent".
+            head_node_args={
+                **head,
+                "dashboard_port": port,
+                "dashboard_agent_listen_port": _free_port(),
+                "temp_dir": str(temp / "ray"),
+            },
         )
         try:
             made.add_node(num_cpus=12, num_gpus=2)

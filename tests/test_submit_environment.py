@@ -43,7 +43,14 @@ def bare_cluster() -> Iterator[str]:
         made = Cluster(
             initialize_head=True,
             connect=False,
-            head_node_args={**head, "dashboard_port": port, "temp_dir": str(temp / "ray")},
+            # The head's job agent listens on 52365 unless told: a second Ray on this machine (another test
+            # worker's) would take it, and the job API then answers "No available agent".
+            head_node_args={
+                **head,
+                "dashboard_port": port,
+                "dashboard_agent_listen_port": _free_port(),
+                "temp_dir": str(temp / "ray"),
+            },
         )
         try:
             yield f"http://127.0.0.1:{port}"
