@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from verl_safe_launch.doctor.oom_doctor import Diagnosis, Remedy, measured_gib
-from verl_safe_launch.doctor.oom_log import HOST, KV_CACHE, RAY_TASK_KIND, ROLLOUT, WAKE_UP, OomEvent
+from verl_safe_launch.doctor.oom_doctor import Diagnosis, Remedy, event_notes, measured_gib
+from verl_safe_launch.doctor.oom_log import HOST, KV_CACHE, ROLLOUT, WAKE_UP, OomEvent
 from verl_safe_launch.doctor.oom_remedies import ALLOC_CONF, EXPANDABLE, role_of
 from verl_safe_launch.doctor.postmortem import ESTIMATOR_STAGE
 from verl_safe_launch.doctor.report import UNSIZED
@@ -32,14 +32,10 @@ WITH_CONFIG = "for values to paste, checked against the run's config: verl-safe-
 def diagnose_log_only(event: OomEvent, record: Mapping[str, Any] | None = None) -> Diagnosis:
     """The stage, its knob, and the checklist the log's numbers rank (no values: the config is unknown)."""
     name = ESTIMATOR_STAGE.get(event.stage or "", ROLLOUT if event.stage == ROLLOUT else "")
-    notes = ["no config given: the checklist is ranked from the log alone; " + WITH_CONFIG]
-    if event.kind == RAY_TASK_KIND:
-        notes.append("torch's message is in the worker's log: pass the run directory to measure the failure")
-    if event.own_pid is not None:
-        notes.append(
-            f"process {event.own_pid} in torch's list is the failing process itself ({event.in_use_gib:g} GiB in "
-            "use; torch lists it by the driver's process id, as inside a container)"
-        )
+    notes = [
+        "no config given: the checklist is ranked from the log alone; " + WITH_CONFIG,
+        *event_notes(event),
+    ]
     if event.other_process_gib > (event.in_use_gib or 0.0):
         fix = (
             f"other processes hold {event.other_process_gib:g} GiB of this GPU: stop them or run elsewhere; "

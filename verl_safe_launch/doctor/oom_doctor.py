@@ -88,11 +88,9 @@ def _stage(ctx: RuleContext, name: str) -> StageEstimate | None:
     return None if est.missing else est.stage(name)
 
 
-def diagnose(event: OomEvent, ctx: RuleContext, record: Mapping[str, Any] | None = None) -> Diagnosis:
-    """The stage, its knob, the model scaled to the measurement, and the checklist ranked by memory freed."""
-    ctx, notes = as_run(with_gpu(ctx, event), event)
-    name = ESTIMATOR_STAGE.get(event.stage or "", ROLLOUT if event.stage == ROLLOUT else "")
-    before = _stage(ctx, name) if name else None
+def event_notes(event: OomEvent) -> list[str]:
+    """What the log itself says about where torch's message is and which listed process failed."""
+    notes = []
     if event.kind == RAY_TASK_KIND:
         notes.append("torch's message is in the worker's log: pass the run directory to measure the failure")
     if event.own_pid is not None:
@@ -100,6 +98,15 @@ def diagnose(event: OomEvent, ctx: RuleContext, record: Mapping[str, Any] | None
             f"process {event.own_pid} in torch's list is the failing process itself ({event.in_use_gib:g} GiB in "
             "use; torch lists it by the driver's process id, as inside a container)"
         )
+    return notes
+
+
+def diagnose(event: OomEvent, ctx: RuleContext, record: Mapping[str, Any] | None = None) -> Diagnosis:
+    """The stage, its knob, the model scaled to the measurement, and the checklist ranked by memory freed."""
+    ctx, notes = as_run(with_gpu(ctx, event), event)
+    name = ESTIMATOR_STAGE.get(event.stage or "", ROLLOUT if event.stage == ROLLOUT else "")
+    before = _stage(ctx, name) if name else None
+    notes.extend(event_notes(event))
     if event.other_process_gib > (event.in_use_gib or 0.0):
         return _other_process(event, name, before)
     if before is None:
