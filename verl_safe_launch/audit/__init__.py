@@ -29,8 +29,6 @@ from verl_safe_launch.audit.migrate import (
 )
 from verl_safe_launch.audit.parallel import ACTOR_SP, CRITIC_SP, GPUS_KEYS, REF_SP, Layout, read_layout
 from verl_safe_launch.audit.project import (
-    GROUP_ESTIMATORS,
-    group_estimators,
     lone_group,
     project_changes,
     project_keys,
@@ -64,7 +62,6 @@ __all__ = [
     "CANNOT_VERIFY",
     "CRITIC_SP",
     "GPUS_KEYS",
-    "GROUP_ESTIMATORS",
     "HAND_MOVES",
     "IGNORED",
     "INSTALLED_SERIES",
@@ -97,7 +94,6 @@ __all__ = [
     "flatten_release_yaml",
     "generate_moves",
     "generated_moves",
-    "group_estimators",
     "history",
     "history_json",
     "hydra_literal",
