@@ -28,7 +28,13 @@ from verl_safe_launch.inputs.keytypes import (
     verl_files,
     verl_prefix,
 )
-from verl_safe_launch.inputs.knowledge import cache_root, cached_bytes, cached_fact, knowledge_dir
+from verl_safe_launch.inputs.knowledge import (
+    cache_root,
+    cached_bytes,
+    cached_fact,
+    knowledge_dir,
+    read_version,
+)
 from verl_safe_launch.inputs.machine import slurm_mem_gib
 from verl_safe_launch.inputs.overrides import (
     OverrideToken,
@@ -110,6 +116,7 @@ __all__ = [
     "read_engine_formats",
     "read_group_estimators",
     "read_registries",
+    "read_version",
     "read_yaml",
     "registered_names",
     "request_from_args",
