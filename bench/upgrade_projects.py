@@ -45,7 +45,9 @@ def _upgrades(scripts: list[CorpusScript], keep: Path, same_lone: bool) -> list[
     runs: list[dict[str, object]] = []
     upgrade(scripts[0].path, keep / "warm-up")  # imports (verl, torch) are not any one script's time
     for i, script in enumerate(scripts):
+        cpu = time.process_time()
         code, data, err, seconds = upgrade(script.path, keep / f"{i:03d}")
+        cpu = time.process_time() - cpu
         start = time.perf_counter()
         if same_lone:
             asked = code == 2 and "--from" in err
@@ -60,6 +62,7 @@ def _upgrades(scripts: list[CorpusScript], keep: Path, same_lone: bool) -> list[
                 "data": data,
                 "err": err,
                 "seconds": seconds,
+                "cpu": cpu,
                 "lone": {"asked": asked, "release": release, "seconds": lone_seconds},
             }
         )
@@ -117,7 +120,7 @@ def main() -> int:
             result = judge_result(
                 script, int(run["code"]), data, str(run["err"]), float(run["seconds"]), model
             )
-            judged.append((result, run["lone"]))
+            judged.append((result, {**run["lone"], "cpu": run.get("cpu", float("nan"))}))
             print(_row(result, run["lone"]), flush=True)
             if ns.verbose:
                 for line in (*result.rejected, *result.noop, *result.unlisted, *result.unreported):
@@ -149,6 +152,8 @@ def _totals(judged: list[tuple[Judged, dict[str, object]]]) -> None:
     )
     seconds = [j.seconds for j in results]
     print(f"seconds per script (in place): mean {statistics.mean(seconds):.2f}, max {max(seconds):.2f}")
+    cpu = [float(str(lone.get("cpu", "nan"))) for _, lone in judged]
+    print(f"CPU seconds per script (in place): mean {statistics.mean(cpu):.2f}, max {max(cpu):.2f}")
 
 
 if __name__ == "__main__":
