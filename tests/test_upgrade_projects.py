@@ -128,3 +128,23 @@ def test_a_forks_default_estimator_survives_the_upgrade_and_check_refuses_it_wit
     check = cli("check", "-c", str(tmp_path / "train_grpo.yaml"), "--format", "json")
     rules = {f["rule_id"] for f in json.loads(check.out)["findings"] if f["severity"] == "error"}
     assert check.code == 1 and "verl-group-estimator-n" in rules
+
+
+@pytest.mark.slow  # upgrade judges its advice with verl's validate_config
+def test_a_pin_in_the_project_gives_the_release_its_keys_leave_open(
+    cli: Callable[..., CliResult], tmp_path: Path
+) -> None:
+    """verl-agent's submit-gpu.sh alone fits verl 0.4 to 0.9 alike, and upgrade asks for --from; in a project whose
+    pyproject.toml pins verl==0.4.1 (and that vendors no copy), the pin gives the release."""
+    script = PROJECTS / "verl-agent" / "submit-gpu.sh"
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / script.name).write_text(script.read_text())
+    asked = cli("upgrade", str(project / script.name), "-o", str(tmp_path / "asked"), "--format", "json")
+    assert asked.code == 2 and "--from" in asked.err, asked.err
+    (project / "pyproject.toml").write_text('[project]\nname = "agent"\ndependencies = ["verl==0.4.1"]\n')
+    result = cli("upgrade", str(project / script.name), "-o", str(tmp_path / "out"), "--format", "json")
+    assert result.code == 0, result.err
+    data = json.loads(result.out)
+    assert data["source_release"] == "0.4"
+    assert "pins verl==0.4.1" in json.dumps(data)
