@@ -27,7 +27,7 @@ def _row(outcome: Outcome) -> str:
         f"{outcome.name:34} want {outcome.expected} fits {fits:12} right={outcome.detected_right!s:5} "
         f"removed={len(outcome.drops)} refused={kinds.count('refused')} project={kinds.count('project')} "
         f"advice={outcome.advice} advice-fail={len(outcome.advice_failures)} check-errors={len(outcome.check_errors)} "
-        f"unaccounted={len(outcome.unaccounted)} sp-changed={len(outcome.sp_changes)}"
+        f"unaccounted={len(outcome.unaccounted)} sp-changed={len(outcome.sp_changes)} {outcome.seconds:.2f}s"
     )
 
 
@@ -35,6 +35,7 @@ def main() -> int:
     """Judge every script and print the figures."""
     outcomes: list[Outcome] = []
     with tempfile.TemporaryDirectory() as tmp:
+        judge(corpus()[0], Path(tmp) / "warm-up")  # imports (verl, torch) are not any one script's time
         for script in corpus():
             outcome = judge(script, Path(tmp) / script.stem)
             outcomes.append(outcome)
@@ -58,6 +59,8 @@ def main() -> int:
     print(
         f"advice lines: {advice}; rejected by verl's validate_config: {sum(len(o.advice_failures) for o in outcomes)}"
     )
+    seconds = [o.seconds for o in outcomes]
+    print(f"seconds per upgrade: mean {sum(seconds) / len(seconds):.2f}, max {max(seconds):.2f}")
     return 0
 
 

@@ -209,13 +209,21 @@ VERL_RELEASES = ("0.5.0", "0.6.1", "0.7.1", "0.8.0")
 
 
 @pytest.fixture(scope="session")
-def releases(request: pytest.FixtureRequest) -> Path:
+def releases(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A directory with one ``pip --target`` install per release (``$VSL_TEST_VERL_RELEASES``, else the pytest
     cache), made on first use; a lock keeps parallel workers from installing into one directory at once."""
     from filelock import FileLock
 
     given = os.environ.get("VSL_TEST_VERL_RELEASES")
-    base = Path(given) if given else Path(request.config.cache.mkdir("verl-releases"))
+    cache = getattr(
+        request.config, "cache", None
+    )  # None under -p no:cacheprovider: the run's shared temp dir
+    if given:
+        base = Path(given)
+    elif cache is not None:
+        base = Path(cache.mkdir("verl-releases"))
+    else:
+        base = tmp_path_factory.getbasetemp().parent / "verl-releases"
     base.mkdir(parents=True, exist_ok=True)
     with FileLock(str(base / ".install.lock")):
         for version in VERL_RELEASES:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -177,3 +178,26 @@ def test_fast_value_parser_agrees_with_hydra(text: str) -> None:
     fast = parse_value(text)
     hydra = _hydra_value(text)
     assert fast[0] == hydra[0] and _same(fast[1], hydra[1])
+
+
+@pytest.mark.parametrize(
+    "launch", LAUNCHES[:4], ids=[launch.label.rsplit("/", 1)[-1] for launch in LAUNCHES[:4]]
+)
+@pytest.mark.parametrize(
+    "extra",
+    [
+        [f"{ARR}.rollout.max_num_seqs=1024"],
+        ["trainer.use_v1=false", "data.no_such_key=1"],
+        [f"{ARR}.actor.ulysses_sequence_parallel_size=2"],
+        ["+trainer.new_flag=1"],
+    ],
+)
+def test_extending_a_composition_equals_composing_it_again(launch: ScriptLaunch, extra: list[str]) -> None:
+    """``extend`` lays overrides over a full composition (as the upgrade judges each advice line alone)."""
+    request = launch.request()
+    overlay = Overlay()
+    base = compose(request)
+    tokens = cli_tokens(extra)
+    again = compose(replace(request, overrides=(*request.overrides, *tokens)))
+    assert_same(again, overlay.extend(base, request, tokens))
+    assert overlay.fast == 1

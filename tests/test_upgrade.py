@@ -340,7 +340,8 @@ def test_remove_previous_ckpt_in_save_keeps_its_meaning(installed: dict[str, obj
 def test_project_keys_are_listed_and_a_group_estimator_without_a_group_is_refused(
     installed: dict[str, object],
 ) -> None:
-    from verl_safe_launch.audit import GROUP_ESTIMATORS, lone_group, project_keys
+    from verl_safe_launch.audit import lone_group, project_keys
+    from verl_safe_launch.inputs import group_estimators
 
     upgrade = _plan(["algorithm.adv_estimator=grpo", "+env.rollout.n=8", "trainer.nnodes=1"], installed)
     project = project_keys(upgrade.tokens, installed)
@@ -353,11 +354,42 @@ def test_project_keys_are_listed_and_a_group_estimator_without_a_group_is_refuse
         ComposeRequest(overrides=cli_tokens(["algorithm.adv_estimator=grpo", f"{ARR}.rollout.n=8"]))
     )
     assert lone_group(grouped.view, project) == []
-    assert "grpo" in GROUP_ESTIMATORS and "gae" not in GROUP_ESTIMATORS
+    assert "grpo" in group_estimators() and "gae" not in group_estimators()
 
 
-@pytest.mark.slow
-def test_the_group_estimator_table_is_what_the_installed_verl_registers() -> None:
-    from verl_safe_launch.audit import GROUP_ESTIMATORS, group_estimators
+def test_a_renamed_key_appended_with_plus_is_moved_and_reported(installed: dict[str, object]) -> None:
+    """rllm's launch appends +trainer.val_generations_to_log_to_wandb=30 (0.2's key, which its vendored verl
+    lacked); 0.4 renamed it trainer.log_val_generations, which verl 0.9.1 has: a plain override, in a line."""
+    upgrade = _plan(["+trainer.val_generations_to_log_to_wandb=30"], installed, source="0.2")
+    assert _texts(upgrade) == ["trainer.log_val_generations=30"]
+    moved = [c for c in upgrade.changes if c.kind == "moved"]
+    assert [(c.key, c.new_key) for c in moved] == [
+        ("trainer.val_generations_to_log_to_wandb", "trainer.log_val_generations")
+    ]
 
-    assert group_estimators() == GROUP_ESTIMATORS
+
+@pytest.mark.slow  # upgrade judges its advice with verl's validate_config
+def test_advice_is_behaviour_verl_and_its_engine_accept(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """From 0.2: no line for a value verl 0.9.1 reads alike (min_lr_ratio null, resume_from_path false, the
+    dummy_dtensor load format vLLM lacks and 0.2 handed it as 'dummy') or a key it does not read
+    (data.return_raw_chat, data.val_batch_size); a real change (max_num_seqs 1024 -> 256) is one."""
+    source = tmp_path / "run.yaml"
+    source.write_text(
+        "algorithm:\n  adv_estimator: grpo\nactor_rollout_ref:\n  model:\n    path: Qwen/Qwen2.5-0.5B-Instruct\n"
+        "  actor:\n    ppo_micro_batch_size_per_gpu: 2\n  rollout:\n    n: 4\n"
+        "    log_prob_micro_batch_size_per_gpu: 2\n  ref:\n    log_prob_micro_batch_size_per_gpu: 2\n"
+    )
+    code, out, _ = _upgrade(tmp_path, str(source), "--from", "0.2", "--format", "json", capsys=capsys)
+    assert code == 0
+    changes = json.loads(out)["changes"]
+    keys = {c["new_key"] or c["key"] for c in changes if c["kind"] == "default"}
+    unread = {
+        f"{ARR}.rollout.load_format",
+        "trainer.resume_from_path",
+        "data.return_raw_chat",
+        "data.val_batch_size",
+    }
+    assert not keys & {*unread, f"{ARR}.actor.optim.min_lr_ratio"}
+    assert f"{ARR}.rollout.max_num_seqs=1024" in [c["fix"] for c in changes]

@@ -12,6 +12,7 @@ import json
 import os
 import re
 import shlex
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +50,8 @@ class Outcome:
     advice_failures: list[str] = field(default_factory=list)
     sp_changes: list[str] = field(default_factory=list)
     changes: list[dict[str, Any]] = field(default_factory=list)
+    seconds: float = 0.0
+    """Wall-clock time of the upgrade itself (the last run, when it was asked for --from first)."""
 
     @property
     def detected_right(self) -> bool:
@@ -96,10 +99,13 @@ def upgrade(path: Path, out_dir: Path) -> tuple[Outcome, dict[str, Any] | None]:
     outcome = Outcome(path.name, header(path, "expect-release") or "?")
     args = shlex.split(header(path, "args") or "")
     base = ["upgrade", str(path), *args, "--format", "json", "-o", str(out_dir), "--force"]
+    start = time.perf_counter()
     code, out, err = _run(base)
     if code == 2 and "--from" in err:
         outcome.weak_asked = True
+        start = time.perf_counter()
         code, out, err = _run([*base, "--from", outcome.expected])
+    outcome.seconds = time.perf_counter() - start
     outcome.exit_code = code
     if code != 0:
         return outcome, None

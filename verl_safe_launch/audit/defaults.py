@@ -1,24 +1,18 @@
-"""Defaults that changed since a launch's release, each with the override that keeps the old behaviour."""
+"""Behaviour that changes with an upgrade: every key whose value, as the old run had it and as the upgraded run has
+it, differs, and that the upgraded run reads; each with the override that keeps the old behaviour."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import contextlib
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any
 
-from verl_safe_launch.audit.aliases import ALIASES
-from verl_safe_launch.audit.history import RELEASES, history
-from verl_safe_launch.audit.upgrade import (
-    REMOVED,
-    Change,
-    _legacy,
-    _newer,
-    current_key,
-    moves_after,
-    override_value,
-    token_key,
-)
-from verl_safe_launch.compose import compose
-from verl_safe_launch.config_view import format_value
-from verl_safe_launch.inputs import ComposeRequest, OverrideToken
+from verl_safe_launch.audit.fork import OldDefaults
+from verl_safe_launch.audit.readings import equivalent_values, global_size, new_key_of, unread_because
+from verl_safe_launch.audit.upgrade import REMOVED, Change, _newer, override_value, token_key
+from verl_safe_launch.compose import compose, parse_value
+from verl_safe_launch.config_view import ConfigView, format_value, nest
+from verl_safe_launch.inputs import ComposeRequest, OverrideToken, parse_override
 
 # Behaviour that changed with no key to compare in the older release: (key, release, old value, why).
 NEW_DEFAULTS: tuple[tuple[str, str, object, str], ...] = (
@@ -31,76 +25,89 @@ NEW_DEFAULTS: tuple[tuple[str, str, object, str], ...] = (
 )
 
 
-def default_changes(
-    tokens: Sequence[OverrideToken],
+def old_run(old: OldDefaults, tokens: Sequence[OverrideToken]) -> dict[str, Any]:
+    """The old run's config: the old defaults with the launch's overrides applied as Hydra applies them (a key
+    the old config lacks is skipped unless appended with ``+``), every interpolation resolved where it can be."""
+    from omegaconf import OmegaConf
+
+    flat = {k: v for k, v in old.defaults.items() if not (isinstance(v, dict) and v)}
+    for token in tokens:
+        prefix, key, text = token_key(token.text)
+        if prefix == "~" or text is None or (key not in flat and "+" not in prefix) or "/" in key:
+            continue
+        ok, value = parse_value(text)
+        if ok:
+            flat[key] = value
+            continue
+        with contextlib.suppress(Exception):  # a value Hydra refuses fails the old run too: not its config
+            flat[key] = parse_override(token).value()
+    cfg = OmegaConf.create(nest(flat.items()))
+    out: dict[str, Any] = {}
+    for key, raw in flat.items():
+        out[key] = _resolved(cfg, key, raw)
+    return out
+
+
+def _resolved(cfg: Any, key: str, raw: Any) -> Any:
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    if not (isinstance(raw, str) and "${" in raw):
+        return raw
+    try:
+        value = OmegaConf.select(cfg, key, throw_on_resolution_failure=True)
+    except OmegaConfBaseException:
+        return raw  # an environment variable or a resolver of the old run: not known here
+    return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+
+
+def behaviour_changes(
+    old: Mapping[str, Any],
+    view: ConfigView,
     source: str,
+    covered: Collection[str],
     installed: Mapping[str, object],
-    used: Callable[[str], bool] = lambda key: True,
 ) -> list[Change]:
-    """Defaults that changed since ``source`` for keys the launch leaves unset and the run uses: reported,
-    each with the override that keeps the old behaviour (old keys followed to their current name)."""
-    set_keys = {token_key(t.text)[1] for t in tokens}
-    moves = moves_after(source)
-    changes: list[Change] = []
-    olds = _effective_olds(history(RELEASES[source]))
+    """Every key the upgraded run reads whose value differs from the old run's, and that no other line of the
+    report already covers; each with the override that keeps the old value (verified before it is shown)."""
+    olds = dict(old)
     olds.update({k: v for k, since, v, _ in NEW_DEFAULTS if _newer(since, source) and k not in olds})
-    for key, old in olds.items():
-        current = current_key(key, moves, installed)
-        if current != key and (current in olds or current.endswith("_per_gpu") != key.endswith("_per_gpu")):
-            continue  # the release had the new key too (its default counted), or the old one was a global size
-        if current in set_keys or current not in installed or not used(current) or _legacy(current):
+    changes: list[Change] = []
+    seen: set[str] = set()
+    for key, was in olds.items():
+        now_key = new_key_of(key, source, installed)
+        if now_key in seen or key in covered or now_key in covered or now_key not in view:
             continue
-        new = installed[current]
-        if (
-            _same(old, new)
-            or key.endswith("._target_")
-            or any(r.key == key and r.value == old for r in REMOVED)
-        ):
+        if _skipped(key, now_key, was, olds):
             continue
-        why = next((w for k, _, _, w in NEW_DEFAULTS if k == key), "the run behaves differently")
-        detail = f"default {format_value(old)} in verl {source}, {format_value(new)} now: {why}"
-        changes.append(Change("default", current, detail, None, current, f"{current}={override_value(old)}"))
+        now = view.get(now_key)
+        if equivalent_values(now_key, was, now, view) or unread_because(now_key, view) is not None:
+            continue
+        seen.add(now_key)
+        changes.append(_change(key, now_key, was, now, source))
     return changes
 
 
-def _effective_olds(defaults: Mapping[str, object]) -> dict[str, object]:
-    """The release's defaults, a new spelling left null read through its deprecated spelling (``lr_scheduler_type``
-    null meant ``warmup_style`` decided)."""
-    olds = dict(defaults)
-    for alias in ALIASES:
-        if (
-            olds.get(alias.new, 0) is None
-            and olds.get(alias.old) is not None
-            and alias.fix == "{new}={value}"
-        ):
-            olds[alias.new] = olds[alias.old]
-    return olds
+def _skipped(key: str, now_key: str, was: Any, olds: Mapping[str, Any]) -> bool:
+    """Keys not compared: a node, an interpolation the old run's environment resolves, a moved key whose new name
+    the old release had too, a global size (a per-GPU size is read instead; converting one the launch sets is a
+    line of its own)."""
+    if isinstance(was, dict) or (isinstance(was, str) and "${" in was) or key.endswith("._target_"):
+        return True
+    if global_size(key) or global_size(now_key):
+        return True
+    return now_key != key and (now_key in olds or now_key.endswith("_per_gpu") != key.endswith("_per_gpu"))
 
 
-def _same(old: object, new: object) -> bool:
-    """True when there is no behaviour change to report (equal, interpolated, mandatory, or a whole node)."""
-    return (
-        old == new
-        or _numeric(old) == _numeric(new) is not None
-        or _interpolated(old)
-        or _interpolated(new)
-        or "???" in (old, new)
-        or isinstance(old, dict | list)
-    )
-
-
-def _numeric(value: object) -> float | None:
-    """A number, or a string YAML 1.1 left unread (``1e-6``), as a float; None for anything else."""
-    if isinstance(value, bool) or not isinstance(value, int | float | str):
-        return None
-    try:
-        return float(value)
-    except ValueError:
-        return None
-
-
-def _interpolated(value: object) -> bool:
-    return isinstance(value, str) and "${" in value
+def _change(key: str, now_key: str, was: Any, now: Any, source: str) -> Change:
+    why = next((w for k, _, _, w in NEW_DEFAULTS if k == key), "the run behaves differently")
+    named = "" if now_key == key else f" (as {key})"
+    gone = next((r for r in REMOVED if r.key == key and r.value == was and _newer(r.release, source)), None)
+    if gone is not None:
+        why = f"{format_value(was)} was removed in verl {gone.release}: {gone.why}"
+    detail = f"{format_value(was)} in the verl {source} run{named}, {format_value(now)} now: {why}"
+    fix = None if gone is not None else f"{now_key}={override_value(was)}"
+    return Change("default", now_key, detail, None, now_key, fix)
 
 
 def installed_defaults() -> dict[str, object]:

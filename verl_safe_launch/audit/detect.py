@@ -1,18 +1,34 @@
-"""Which verl release a launch was written for, from what each release has and what it lacks."""
+"""Which verl release a launch was written for, from what each release has and what it lacks, each key weighed by
+when upstream added or removed it.
+
+A key upstream added later is weak evidence against an older release: projects vendored an old verl and copied
+newer keys into it (``trainer.val_before_train``, ``clip_ratio_low``, ``filter_groups``), so such a key is named as
+the project's (a fork key) rather than taken to date the launch. A key upstream had removed, a ``+key`` on a key the
+release has (Hydra refuses it) and a mandatory key left unset are strong evidence.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from verl_safe_launch.audit.history import RELEASES, history
+from verl_safe_launch.audit.history import INSTALLED_SERIES, RELEASES, history
 
 OPTIONAL_SECTIONS = ("reward_model.", "reward.")
 """Sections whose mandatory keys are mandatory only when the section is switched on (a reward model)."""
 
-
 MAX_SPAN = 2
 """The most series steps between the oldest and newest fitting release that still count as a detection."""
+LATE = 1
+"""Cost of a key upstream added after the release: the project may have copied it (a fork key)."""
+STRONG = 4
+"""Cost of a key upstream had removed by the release, a ``+key`` the release refuses, a mandatory key unset."""
+HANDFUL = (10, 2, 0.1)
+"""Fork keys a release may lack and still fit: none in a launch of fewer than 10 verl keys, else 2 or a tenth of
+them, whichever is more."""
+FORK_GAP = 2
+"""A key counts as a fork key of a release only when upstream added it at least this many series later: a key of
+the very next release dates the launch instead."""
 
 
 @dataclass(frozen=True)
@@ -24,6 +40,17 @@ class Detection:
     newest: str
     weak: bool
     why: str
+    fork_keys: tuple[str, ...] = ()
+    """Keys the chosen release lacks that upstream added later: the project's copy had them."""
+
+    acceptable: tuple[str, ...] = ()
+    """The releases nothing in the launch contradicts (empty: none)."""
+
+    def asked(self) -> tuple[str, ...]:
+        """The releases to offer ``--from``: the acceptable ones (all older ones when none is), the installed
+        series left out."""
+        offered = tuple(s for s in self.acceptable if s != INSTALLED_SERIES)
+        return offered or tuple(s for s in sorted(RELEASES, key=_order) if s != INSTALLED_SERIES)
 
 
 @dataclass(frozen=True)
@@ -47,48 +74,89 @@ def _order(series: str) -> tuple[int, ...]:
     return tuple(int(p) for p in series.split("."))
 
 
+@dataclass(frozen=True)
+class _Conflict:
+    cost: int
+    text: str
+    fork_key: str | None = None
+    gap: int = 0
+    """For a key upstream added later: how many series later."""
+
+
 def _conflicts(
-    series: str, evidence: Evidence, verl_keys: set[str], installed: Mapping[str, object]
-) -> list[str]:
-    """What in the launch this release could not have run: a key it lacks, a '+' on a key it has, a mandatory key
-    left unset."""
+    series: str, evidence: Evidence, lifetimes: Mapping[str, list[str]], installed: Mapping[str, object]
+) -> list[_Conflict]:
+    """What in the launch this release could not have run, each weighed."""
     known = _keys_of(series, installed)
-    out = [f"{k} is not a key of verl {series}" for k in evidence.keys if k in verl_keys and k not in known]
-    out += [f"+{k} fails on verl {series}, which has {k}" for k in evidence.appended if k in known]
+    out: list[_Conflict] = []
+    for key in dict.fromkeys(evidence.keys):
+        life = lifetimes.get(key)
+        if not life or key in known:
+            continue
+        if _order(series) < _order(life[0]):
+            text = f"{key} is a key of verl {life[0]} and later (a project on {series} may have copied it)"
+            gap = sorted(RELEASES, key=_order).index(life[0]) - sorted(RELEASES, key=_order).index(series)
+            out.append(_Conflict(LATE, text, key, gap))
+        else:
+            out.append(
+                _Conflict(STRONG, f"{key} is not a key of verl {series} (verl {life[-1]} had it last)")
+            )
+    for key in dict.fromkeys(evidence.appended):
+        if key in known:
+            out.append(_Conflict(STRONG, f"+{key} fails on verl {series}, which has {key}"))
     set_keys = {*evidence.keys, *evidence.appended, *evidence.maybe_set}
-    out += [
-        f"{k} is mandatory in verl {series} and the launch leaves it unset"
-        for k, v in history(RELEASES[series]).items()
-        if v == "???" and k not in set_keys and not k.startswith(OPTIONAL_SECTIONS)
-    ]
+    for key, value in history(RELEASES[series]).items():
+        if value == "???" and key not in set_keys and not key.startswith(OPTIONAL_SECTIONS):
+            out.append(
+                _Conflict(STRONG, f"{key} is mandatory in verl {series} and the launch leaves it unset")
+            )
     return out
 
 
 def detect(evidence: Evidence, installed: Mapping[str, object]) -> Detection:
-    """The releases a launch fits: each must have every verl key set plainly, lack every key appended with '+',
-    and have no mandatory key left unset. More than three adjacent series fitting is weak evidence; otherwise the
-    oldest that fits is chosen, so that no move or default change since is missed."""
+    """The release a launch was written for.
+
+    A release is acceptable when nothing in the launch contradicts it (no strong conflict) and at most a handful
+    of its keys came to upstream later (fork keys: ``HANDFUL``). The oldest acceptable release is chosen, so that
+    no move or default change since is missed. Weak (the caller asks for ``--from``) when the acceptable releases
+    span more than ``MAX_SPAN`` steps or are not adjacent, or when none is acceptable.
+    """
     ordered = sorted(RELEASES, key=_order)
-    verl_keys = {k for s in ordered for k in _keys_of(s, installed)}
-    used = [k for k in (*evidence.keys, *evidence.appended) if k in verl_keys]
+    lifetimes: dict[str, list[str]] = {}
+    for series in ordered:
+        for key in _keys_of(series, installed):
+            lifetimes.setdefault(key, []).append(series)
+    used = {k for k in (*evidence.keys, *evidence.appended) if k in lifetimes}
     if not used:
         return Detection(ordered[-1], ordered[0], ordered[-1], True, "no key of any verl release is set")
-    conflicts = {s: _conflicts(s, evidence, verl_keys, installed) for s in ordered}
-    fewest = min(len(c) for c in conflicts.values())
-    fit = [s for s in ordered if len(conflicts[s]) == fewest]
-    oldest, newest = fit[0], fit[-1]
+    conflicts = {s: _conflicts(s, evidence, lifetimes, installed) for s in ordered}
+    smallest, floor, share = HANDFUL
+    handful = 0 if len(used) < smallest else max(int(floor), int(share * len(used)))
+    acceptable = [
+        s
+        for s in ordered
+        if all(c.fork_key and c.gap >= FORK_GAP for c in conflicts[s]) and len(conflicts[s]) <= handful
+    ]
+    if not acceptable:
+        weight = {s: sum(c.cost for c in conflicts[s]) for s in ordered}
+        least = min(ordered, key=lambda s: weight[s])
+        worst = sorted(conflicts[least], key=lambda c: -c.cost)[0].text
+        why = f"no release has all its {len(used)} verl keys and accepts all its overrides (e.g. {worst})"
+        return Detection(least, least, least, True, why)
+    oldest, newest = acceptable[0], acceptable[-1]
     span = ordered.index(newest) - ordered.index(oldest)
-    weak = fewest > 0 or span > MAX_SPAN or fit != ordered[ordered.index(oldest) : ordered.index(newest) + 1]
-    return Detection(oldest, oldest, newest, weak, _why(oldest, newest, fewest, conflicts, len(set(used))))
+    weak = span > MAX_SPAN or acceptable != ordered[ordered.index(oldest) : ordered.index(newest) + 1]
+    fork = tuple(c.fork_key for c in conflicts[oldest] if c.fork_key)
+    why = _why(oldest, newest, conflicts[oldest], len(used))
+    return Detection(oldest, oldest, newest, weak, why, fork, tuple(acceptable))
 
 
-def _why(oldest: str, newest: str, fewest: int, conflicts: Mapping[str, list[str]], count: int) -> str:
+def _why(oldest: str, newest: str, conflicts: Sequence[_Conflict], count: int) -> str:
     fits = f"verl {oldest}" if oldest == newest else f"verl {oldest} to {newest}"
-    if fewest:
-        example = conflicts[oldest][0]
-        return (
-            f"no release fits all {count} verl keys; {fits} fit best ({fewest} conflict(s), e.g. {example})"
-        )
+    forks = [c.fork_key for c in conflicts if c.fork_key]
+    if forks:
+        keys = ", ".join(forks[:3]) + (f" and {len(forks) - 3} more" if len(forks) > 3 else "")
+        return f"its {count} verl keys fit {fits} best; {keys} came to upstream verl later (fork keys)"
     return f"its {count} verl keys fit {fits} and no other release"
 
 

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Iterable, Mapping, Sequence
 
 from verl_safe_launch.audit.history import TAGS, history
 from verl_safe_launch.audit.upgrade import Change, token_key
 from verl_safe_launch.config_view import ARR, ConfigView, format_value
-from verl_safe_launch.inputs import OverrideToken
+from verl_safe_launch.inputs import OverrideToken, group_estimators
 
 GROUP_SIZE = f"{ARR}.rollout.n"
 
@@ -49,40 +48,11 @@ def project_changes(found: Iterable[tuple[str, str, int | None]]) -> list[Change
     ]
 
 
-GROUP_ESTIMATORS = frozenset(
-    {
-        "gdpo",
-        "gpg",
-        "grpo",
-        "grpo_passk",
-        "grpo_vectorized",
-        "opo",
-        "optimal_token_baseline",
-        "reinforce_plus_plus_baseline",
-        "rloo",
-        "rloo_vectorized",
-        "tir_optimal_token_baseline",
-    }
-)
-"""Advantage estimators of verl 0.9.1 that compare the responses to one prompt (made by :func:`group_estimators`;
-a test regenerates it from the installed verl and compares)."""
-
-
-def group_estimators() -> frozenset[str]:
-    """The installed verl's registered advantage estimators whose function takes the group ``index``."""
-    from verl.trainer.ppo import core_algos
-
-    registry: Mapping[str, object] = getattr(core_algos, "ADV_ESTIMATOR_REGISTRY", {})
-    return frozenset(
-        name for name, fn in registry.items() if callable(fn) and "index" in inspect.signature(fn).parameters
-    )
-
-
 def lone_group(view: ConfigView, project: Sequence[tuple[str, str, int | None]]) -> list[Change]:
     """A group estimator left with one response per prompt once the project's own keys are left behind (one of
-    them may have set the group size): every advantage is zero and nothing is learned."""
+    them may have set the group size): there is no group, so the run no longer trains the estimator it names."""
     estimator = view.get("algorithm.adv_estimator")
-    if not project or not isinstance(estimator, str) or estimator not in GROUP_ESTIMATORS:
+    if not project or not isinstance(estimator, str) or estimator not in group_estimators():
         return []
     if view.get(GROUP_SIZE) != 1:
         return []
@@ -90,7 +60,8 @@ def lone_group(view: ConfigView, project: Sequence[tuple[str, str, int | None]])
     detail = (
         f"algorithm.adv_estimator={estimator} compares the responses of one prompt with each other, and "
         f"{GROUP_SIZE}={format_value(view.get(GROUP_SIZE))} gives each prompt one response: {estimator} without a "
-        f"group is not {estimator} (every advantage is 0). Project keys that may have carried the group size: "
+        f"group is not {estimator} (verl takes a group of one as mean 0 and std 1: the advantage is the raw reward, "
+        f"with no baseline). Project keys that may have carried the group size: "
         f"{keys}"
     )
     return [Change("refused", GROUP_SIZE, detail, None, GROUP_SIZE, None)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -35,6 +36,12 @@ HAND_MOVES: tuple[Move, ...] = (
     Move("trainer.profile_steps", "global_profiler.steps", "0.6.0", _PROFILER),
     Move("ray_init.num_cpus", "ray_kwargs.ray_init.num_cpus", "0.6.0", _RAY),
     Move("ray_init.timeline_json_file", "ray_kwargs.timeline_json_file", "0.6.0", _RAY),
+    Move(
+        "trainer.val_generations_to_log_to_wandb",
+        "trainer.log_val_generations",
+        "0.4.0",
+        "the number of validation generations to log was renamed when more loggers than wandb took them",
+    ),
     Move("reward_model.enable", "reward.reward_model.enable", "0.9.0", _REWARD),
     Move("reward_model.model.path", "reward.reward_model.model_path", "0.9.0", _REWARD),
     Move("reward_model.reward_manager", "reward.reward_manager.name", "0.9.0", _REWARD),
@@ -127,11 +134,14 @@ def plan_upgrade(
     detected: str,
     installed: Mapping[str, object],
     layout: Layout | None = None,
+    *,
+    whole_launch: bool = True,
 ) -> Upgrade:
     """Map, convert and drop the tokens of a launch written for ``source`` so that the installed verl runs it.
 
     ``layout`` is what the launch says about its GPUs and sequence parallelism (by default read from the tokens and
-    the release's defaults); a global micro batch size is converted only when it is known."""
+    the release's defaults); a global micro batch size is converted only when it is known. ``whole_launch``: the
+    tokens are a whole launch (keys that follow others, keys that became mandatory are added), not a part."""
     if source not in RELEASES:
         raise UsageError(
             f"unknown release '{source}'", where="--from", fix="use one of: auto, " + ", ".join(RELEASES)
@@ -144,6 +154,8 @@ def plan_upgrade(
         result = _upgrade_token(token, source, moves, installed, layout)
         changes.extend(result[1])
         out.extend(result[0])
+    if not whole_launch:
+        return Upgrade(source, detected, tuple(out), tuple(changes))
     followers, notes = _sp_followers(tokens, out, layout)
     out += followers
     changes += notes
@@ -155,8 +167,13 @@ def plan_upgrade(
 
 def moves_after(source: str) -> list[Move]:
     """Every move that took effect after ``source``, oldest first (chains follow one another)."""
+    return list(_moves_after(source))
+
+
+@functools.cache
+def _moves_after(source: str) -> tuple[Move, ...]:
     newer = [m for m in (*generated_moves(), *HAND_MOVES) if _newer(m.release, source)]
-    return sorted(newer, key=lambda m: version(m.release))
+    return tuple(sorted(newer, key=lambda m: version(m.release)))
 
 
 def _newer(release: str, source: str) -> bool:

@@ -3,44 +3,27 @@
 from __future__ import annotations
 
 import argparse
+import re
 import shlex
 from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
 
 from verl_safe_launch.audit import (
-    ACTOR_SP,
-    CRITIC_SP,
-    GPUS_KEYS,
     INSTALLED_SERIES,
     RELEASES,
-    AuditContext,
     Change,
-    Unread,
-    Upgrade,
     command_line,
-    default_changes,
-    detect,
-    evidence_of,
-    history,
     hydra_literal,
-    installed_defaults,
-    lone_group,
     plan_migration,
-    plan_upgrade,
-    project_changes,
-    project_keys,
-    read_layout,
     render_yaml,
 )
 from verl_safe_launch.cli._common import add_format_arg, make_parser, parse, print_json
-from verl_safe_launch.compose import compose
-from verl_safe_launch.errors import EXIT_OK, UsageError
+from verl_safe_launch.errors import EXIT_OK
 from verl_safe_launch.files import check_target, check_text_name, ensure_directory, write_atomic
 from verl_safe_launch.inputs import OverrideToken, read_yaml
-from verl_safe_launch.preflight import verify_advice
+from verl_safe_launch.preflight import UpgradeReport, upgrade_launch
 from verl_safe_launch.provenance import Layer, Source
-from verl_safe_launch.shell import ScriptLaunch, choose_launch, override_key, read_script
+from verl_safe_launch.shell import ScriptLaunch, choose_launch, read_script
 
 EXAMPLES = """\
   verl-safe-launch upgrade run_qwen_grpo_v05.sh -o upgraded/
@@ -57,7 +40,19 @@ guessed: such overrides are kept as written and reported, and a release the keys
 before it is shown.
 """
 
-ORDER = ("moved", "converted", "added", "removed", "refused", "project", "unknown", "unresolved", "default")
+ORDER = (
+    "moved",
+    "converted",
+    "kept",
+    "added",
+    "removed",
+    "refused",
+    "project",
+    "unread",
+    "unknown",
+    "unresolved",
+    "default",
+)
 
 
 def main(args: Sequence[str], offset: int) -> int:
@@ -88,38 +83,31 @@ def main(args: Sequence[str], offset: int) -> int:
     # A name that cannot be written is refused before the slower work that would end in writing it.
     check_text_name(Path(ns.output) / f"{path.stem}.yaml", where="-o/--output")
     launch = _read(path, ns.launch)
-    installed = installed_defaults()
-    unreadable = _unreadable(launch)
-    source, detected, fits = _source(ns.source, launch, installed, unreadable)
-    layout = read_layout(launch.tokens, history(RELEASES[source]), unreadable, ns.gpus)
-    upgrade = plan_upgrade(launch.tokens, source, detected, installed, layout)
+    report = upgrade_launch(path, launch, ns.source, ns.gpus)
     output = _output(Path(ns.output), path, ns.force)
-    upgraded = replace(launch, tokens=upgrade.tokens)
-    composed = compose(upgraded.request(lenient=True))
-    project = project_keys(upgrade.tokens, installed)
-    unknown = [
-        Change("unknown", r.key, f"{r.reason} (a key of verl 0.9.1's history)", r.token.source.line)
-        for r in composed.rejected
-        if r.key not in {k for k, _, _ in project}
-    ]
-    semantics = [*project_changes(project), *lone_group(composed.view, project)]
-    context = AuditContext.build(composed)
-    enabled = composed.view.get("reward.reward_model.enable") is True
-
-    def used(key: str) -> bool:
-        return context.role_used(key) and (enabled or not key.startswith("reward.reward_model."))
-
-    defaults = verify_advice(upgraded, default_changes(upgrade.tokens, source, installed, used))
-    migration = plan_migration(upgraded, composed, output)
+    migration = plan_migration(report.launch, report.composed, output)
     inputs = [path, *launch.config_files]
     write_atomic(output, render_yaml(migration), force=ns.force, inputs=inputs, where="-o/--output")
-    notes = [Change("unresolved", "", note) for note in migration.notes]
-    changes = (*upgrade.changes, *semantics, *unknown, *notes, *defaults)
+    notes = [Change("unresolved", _noted_key(note), note) for note in migration.notes]
+    changes = _ordered([*report.changes, *notes])
     if ns.format == "json":
-        print_json({**_json(path, upgrade, changes, output, command_line(migration)), "fits": list(fits)})
+        print_json(
+            {**_json(path, report, changes, output, command_line(migration)), "fits": list(report.fits)}
+        )
     else:
-        print(_text(path, upgrade, changes, output, command_line(migration)))
+        print(_text(path, report, changes, output, command_line(migration)))
     return EXIT_OK
+
+
+def _noted_key(note: str) -> str:
+    """The key a migration note is about (``left out key=value ...``, ``not migrated: key=value ...``), if any."""
+    found = re.match(r"(?:left out|not migrated:) [+~]*([A-Za-z_][\w.-]*)=", note)
+    return found.group(1) if found else ""
+
+
+def _ordered(changes: Sequence[Change]) -> list[Change]:
+    """The lines grouped by kind, in ``ORDER``."""
+    return [c for kind in ORDER for c in changes if c.kind == kind]
 
 
 def _positive(text: str) -> int:
@@ -130,44 +118,6 @@ def _positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive whole number of GPUs, got {text!r}")
     return value
-
-
-def _unreadable(launch: ScriptLaunch) -> dict[str, str]:
-    """Keys the per-GPU conversions need that a part of the launch that was not read could set, and why."""
-    unread = Unread.of(launch)
-    set_keys = {override_key(t.text) for t in launch.tokens}
-    out: dict[str, str] = {}
-    for key in (*GPUS_KEYS, *ACTOR_SP, *CRITIC_SP):
-        part = unread.supplier(key)
-        if part is not None:
-            out[key] = f"line {part.line} ({part.raw}) depends on {part.detail}"
-        elif launch.passthrough is not None and key in GPUS_KEYS and key not in set_keys:
-            out[key] = f'the script passes its own arguments to verl ("$@" on line {launch.passthrough.line})'
-    return out
-
-
-def _source(
-    wanted: str, launch: ScriptLaunch, installed: dict[str, object], unreadable: dict[str, str]
-) -> tuple[str, str, tuple[str, str]]:
-    """The release to upgrade from (--from, or the oldest that fits when the keys pin it down; weak evidence asks
-    for --from), how it was chosen, and the oldest and newest release that fit."""
-    if wanted != "auto":
-        return wanted, f"--from {wanted}", (wanted, wanted)
-    maybe = frozenset(s for p in Unread.of(launch).parts for s in (p.supplies or ()))
-    found = detect(evidence_of([t.text for t in launch.tokens], maybe), installed)
-    if found.weak:
-        older = [s for s in RELEASES if s != INSTALLED_SERIES]
-        raise UsageError(
-            f"cannot tell which verl release {launch.path} was written for: {found.why}",
-            where="--from auto",
-            fix=f"pass the release it was written for: --from {{{','.join(older)}}}",
-        )
-    oldest = (
-        ""
-        if found.oldest == found.newest
-        else "; upgraded from the oldest, so that no change since is missed"
-    )
-    return found.series, f"detected: {found.why}{oldest}", (found.oldest, found.newest)
 
 
 def _read(path: Path, wanted: int | None) -> ScriptLaunch:
@@ -192,31 +142,30 @@ def _output(folder: Path, source: Path, force: bool) -> Path:
     return target
 
 
-def _text(path: Path, upgrade: Upgrade, changes: Sequence[Change], output: Path, command: str) -> str:
+def _text(path: Path, report: UpgradeReport, changes: Sequence[Change], output: Path, command: str) -> str:
     lines = [
-        f"upgrade {path}: written for verl {upgrade.source} ({upgrade.detected}); target: the installed verl"
+        f"upgrade {path}: written for verl {report.source} ({report.detected}); target: the installed verl"
     ]
-    for kind in ORDER:
-        for change in (c for c in changes if c.kind == kind):
-            where = f" (line {change.line})" if change.line is not None else ""
-            arrow = f" -> {change.new_key}" if change.new_key and change.new_key != change.key else ""
-            head = f"{change.key}{arrow}{where}: " if change.key else ""
-            lines.append(f"{kind:<10} {head}{change.detail}")
-            if change.fix:
-                lines.append(f"           keep the old behaviour: {shlex.quote(change.fix)}")
+    for change in changes:
+        where = f" (line {change.line})" if change.line is not None else ""
+        arrow = f" -> {change.new_key}" if change.new_key and change.new_key != change.key else ""
+        head = f"{change.key}{arrow}{where}: " if change.key else ""
+        lines.append(f"{change.kind:<10} {head}{change.detail}")
+        if change.fix:
+            lines.append(f"           keep the old behaviour: {shlex.quote(change.fix)}")
     lines.append(f"wrote {output}")
     lines.append(command)
     return "\n".join(lines)
 
 
 def _json(
-    path: Path, upgrade: Upgrade, changes: Sequence[Change], output: Path, command: str
+    path: Path, report: UpgradeReport, changes: Sequence[Change], output: Path, command: str
 ) -> dict[str, object]:
     return {
         "schema": 1,
         "input": str(path),
-        "source_release": upgrade.source,
-        "detected": upgrade.detected,
+        "source_release": report.source,
+        "detected": report.detected,
         "output": str(output),
         "command": command,
         "changes": [

@@ -13,7 +13,7 @@ from verl_safe_launch.compose.engine import (
     require_accepted,
 )
 from verl_safe_launch.compose.interpolation import Resolver
-from verl_safe_launch.compose.overlay import Overlay, config_groups, model_engines
+from verl_safe_launch.compose.overlay import Overlay, config_groups, model_engines, parse_value
 from verl_safe_launch.compose.resolution import resolution_findings, structure_findings
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "compose",
     "config_groups",
     "model_engines",
+    "parse_value",
     "preset_dir",
     "require_accepted",
     "resolution_findings",

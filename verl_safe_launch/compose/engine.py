@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import functools
 import importlib.resources
 import pickle
@@ -13,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from verl_safe_launch.compose import _hydra, cached_defaults
+from verl_safe_launch.compose.applying import deepest_node, refusal, try_apply
 from verl_safe_launch.compose.budget import check_interpolation_budget
 from verl_safe_launch.compose.interpolation import Resolver, Unsupported, absolute_key
 from verl_safe_launch.config_view import ConfigView, flatten, format_value
@@ -96,7 +96,7 @@ def compose(request: ComposeRequest) -> Composed:
     OmegaConf.set_struct(cfg, True)
     rejected: list[Rejected] = []
     for override, token in config_overrides:
-        reason = _try_apply(cfg, override, token, lenient=request.lenient)
+        reason = try_apply(cfg, override, token, lenient=request.lenient)
         if reason is not None:
             rejected.append(Rejected(token, override.key_or_group, reason))
             continue
@@ -273,7 +273,7 @@ def _set(cfg: Any, write: Write) -> None:
             OmegaConf.update(cfg, write.key, write.value, merge=True, force_add=True)
     except (OmegaConfBaseException, ValueError, TypeError, KeyError) as exc:
         detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        node = _deepest_node(cfg, write.key)
+        node = deepest_node(cfg, write.key)
         raise InputError(
             f"cannot set {write.key}={format_value(write.value)}: {detail}",
             where=write.source.describe(),
@@ -282,83 +282,15 @@ def _set(cfg: Any, write: Write) -> None:
         ) from None
 
 
-def _deepest_node(cfg: Any, key: str) -> str:
-    """The longest prefix of ``key`` that names a node of ``cfg`` (walked without resolving anything)."""
-    from omegaconf import DictConfig
-
-    node, found = cfg, []
-    for part in key.split("."):
-        child = node._get_node(part) if isinstance(node, DictConfig) else None
-        if child is None:
-            break
-        found.append(part)
-        node = child
-    return ".".join(found) or key
-
-
-def _try_apply(cfg: Any, override: Any, token: OverrideToken, *, lenient: bool) -> str | None:
-    """Apply one override; when lenient, return Hydra's reason for a refused key instead of raising."""
-    from hydra.errors import HydraException
-
-    try:
-        _hydra.apply_override(override, cfg)
-    except HydraException as exc:
-        first = str(exc).splitlines()[0]
-        if lenient and first.startswith(("Could not override", "Could not append")):
-            return first
-        raise _override_error(exc, override, token, cfg) from None
-    return None
-
-
-def _override_error(exc: Exception, override: Any, token: OverrideToken, cfg: Any) -> UsageError:
-    first = str(exc).splitlines()[0]
-    refusal = _refusal(first, override.key_or_group, token, cfg)
-    if refusal is not None:
-        return refusal
-    cause = exc.__cause__
-    detail = f"{first} ({cause})" if cause else first
-    return UsageError(f"cannot apply override '{token.text}': {detail}", token.source.describe())
-
-
-def _refusal(first: str, key: str, token: OverrideToken, cfg: Any) -> UsageError | None:
-    """The user error for Hydra's refusal of a key (unknown key, '+' on an existing key), else None."""
-    if first.startswith("Could not override"):
-        hint = _did_you_mean(key, cfg)
-        fix = f"did you mean '{hint}'?" if hint else f"if verl really reads it, add it with +{token.text}"
-        return UsageError(f"unknown key '{key}': verl's config has no such key", token.source.describe(), fix)
-    if first.startswith("Could not append"):
-        return UsageError(
-            f"'{key}' already exists, so '+' cannot add it",
-            token.source.describe(),
-            f"drop the '+': {token.text.lstrip('+')}",
-        )
-    return None
-
-
 def require_accepted(composed: Composed) -> Composed:
     """Raise one error naming every override Hydra refused (a lenient composition collects them)."""
     if not composed.rejected:
         return composed
     errors: list[VslError] = []
     for r in composed.rejected:
-        refusal = _refusal(r.reason, r.key, r.token, composed.cfg)
-        errors.append(refusal or UsageError(f"cannot apply override '{r.token.text}': {r.reason}"))
+        found = refusal(r.reason, r.key, r.token, composed.cfg)
+        errors.append(found or UsageError(f"cannot apply override '{r.token.text}': {r.reason}"))
     raise collect(errors)
-
-
-def _did_you_mean(key: str, cfg: Any) -> str | None:
-    from omegaconf import OmegaConf
-
-    if cfg is None:
-        return None
-    known = list(flatten(OmegaConf.to_container(cfg, resolve=False)))  # type: ignore[arg-type]
-    matches = difflib.get_close_matches(key, known, n=1, cutoff=0.75)
-    if matches:
-        return matches[0]
-    leaf = key.rsplit(".", 1)[-1]
-    same_leaf = [k for k in known if k.rsplit(".", 1)[-1] == leaf]
-    close = difflib.get_close_matches(key, same_leaf, n=1, cutoff=0.0)
-    return close[0] if close else None
 
 
 def _override_writes(override: Any, token: OverrideToken) -> list[Write]:

@@ -19,7 +19,7 @@ import copy
 import functools
 import re
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -60,6 +60,7 @@ class Overlay:
 
     def __init__(self) -> None:
         self._bases: dict[tuple[str, ...], _Base] = {}
+        self._extended: dict[int, tuple[Composed, _Base]] = {}
         self.fast = 0
         self.full = 0
 
@@ -72,6 +73,31 @@ class Overlay:
         except _Fallback:
             self.full += 1
             return compose(request)
+
+    def extend(self, composed: Composed, request: ComposeRequest, extra: Sequence[OverrideToken]) -> Composed:
+        """``request`` with ``extra`` overrides after its own, where ``composed`` is ``compose(request)``: the extra
+        overrides are laid over ``composed`` when they are literal key overrides, else all is composed again."""
+        if composed.cfg is None:
+            raise ValueError("extend() needs a full composition (compose(), not Overlay.compose())")
+        if id(composed) not in self._extended:
+            self._extended[id(composed)] = (composed, _index(composed))
+        base = self._extended[id(composed)][1]
+        try:
+            state = _State(base, request.lenient)
+            for token in extra:
+                state.apply(token)
+        except _Fallback:
+            self.full += 1
+            return compose(replace(request, overrides=(*request.overrides, *extra)))
+        self.fast += 1
+        return Composed(
+            None,
+            state.view(),
+            (*composed.writes, *state.writes),
+            composed.tool,
+            (*composed.verl_overrides, *extra),
+            (*composed.rejected, *state.rejected),
+        )
 
     def _fast(self, request: ComposeRequest) -> Composed:
         if request.config_files or request.adapted or request.fills or request.preset:

@@ -3,6 +3,13 @@
 from __future__ import annotations
 
 from verl_safe_launch.inputs.architecture import from_config_dict, load_architecture, local_architectures
+from verl_safe_launch.inputs.engines import (
+    engine_formats_json,
+    engine_load_formats,
+    engine_version,
+    pinned_by,
+    read_engine_formats,
+)
 from verl_safe_launch.inputs.hardware import (
     DETECT_ENV,
     GPU_KEYS,
@@ -27,6 +34,7 @@ from verl_safe_launch.inputs.knowledge import (
     cached_fact,
     cached_json,
     knowledge_dir,
+    read_version,
 )
 from verl_safe_launch.inputs.machine import slurm_mem_gib
 from verl_safe_launch.inputs.model_files import (
@@ -43,7 +51,14 @@ from verl_safe_launch.inputs.overrides import (
     split_tool_tokens,
 )
 from verl_safe_launch.inputs.profile import Fact, HardwareProfile, merge_profiles
-from verl_safe_launch.inputs.registries import REGISTRIES, Registry, read_registries, registered_names
+from verl_safe_launch.inputs.registries import (
+    REGISTRIES,
+    Registry,
+    group_estimators,
+    read_group_estimators,
+    read_registries,
+    registered_names,
+)
 from verl_safe_launch.inputs.release import TESTED, VerlRelease, describe_need, verl_release, version_tuple
 from verl_safe_launch.inputs.request import ComposeRequest, request_from_args
 from verl_safe_launch.inputs.verl_paths import (
@@ -90,8 +105,12 @@ __all__ = [
     "describe_need",
     "detect_hardware",
     "display_path",
+    "engine_formats_json",
+    "engine_load_formats",
+    "engine_version",
     "from_config_dict",
     "generate_model_files",
+    "group_estimators",
     "hardware_fills",
     "hardware_findings",
     "key_facts",
@@ -105,7 +124,11 @@ __all__ = [
     "package_in",
     "parse_override",
     "parse_yaml",
+    "pinned_by",
+    "read_engine_formats",
+    "read_group_estimators",
     "read_registries",
+    "read_version",
     "read_yaml",
     "registered_names",
     "request_from_args",

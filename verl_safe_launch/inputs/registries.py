@@ -215,3 +215,72 @@ def registered_names() -> dict[str, frozenset[str]]:
     root = verl_package_dir().parent
     data = cached_fact("registries", lambda: read_registries(root))
     return {name: frozenset(found) for name, found in data.items()}
+
+
+ESTIMATOR_HOMES = ("verl/trainer/ppo/core_algos.py", "verl/trainer/ppo/ray_trainer.py")
+"""Where releases define their advantage estimators: registered functions (0.4 on) or the branches of
+``compute_advantage`` (0.1 to 0.3)."""
+
+
+def _has_index(fn: ast.FunctionDef) -> bool:
+    args = fn.args
+    return any(a.arg == "index" for a in (*args.posonlyargs, *args.args, *args.kwonlyargs))
+
+
+def _registered_group(tree: ast.Module, enums: dict[str, dict[str, str]]) -> set[str]:
+    """Names of ``@register_adv_est(NAME)`` functions that take the group ``index``."""
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.FunctionDef) or not _has_index(node):
+            continue
+        for dec in node.decorator_list:
+            if not (isinstance(dec, ast.Call) and isinstance(dec.func, ast.Name) and dec.args):
+                continue
+            if dec.func.id == "register_adv_est" and (name := _text(dec.args[0], enums)):
+                found.add(name)
+    return found
+
+
+def _branch_group(tree: ast.Module, enums: dict[str, dict[str, str]]) -> set[str]:
+    """Estimators whose ``if adv_estimator == NAME`` branch in ``compute_advantage`` passes ``index=``."""
+    found: set[str] = set()
+    for fn in ast.walk(tree):
+        if not isinstance(fn, ast.FunctionDef) or fn.name != "compute_advantage":
+            continue
+        for node in ast.walk(fn):
+            if not isinstance(node, ast.If) or not isinstance(node.test, ast.Compare):
+                continue
+            test = node.test
+            if not (isinstance(test.left, ast.Name) and test.left.id == "adv_estimator"):
+                continue
+            names = [t for c in test.comparators if (t := _text(c, enums))]
+            calls = [c for stmt in node.body for c in ast.walk(stmt) if isinstance(c, ast.Call)]
+            if any(k.arg == "index" for c in calls for k in c.keywords):
+                found.update(names)
+    return found
+
+
+def read_group_estimators(root: Path) -> list[str]:
+    """Advantage estimators of the verl package under ``root`` that compare the responses to one prompt: their
+    function takes the group ``index`` (with one response per prompt every advantage is 0)."""
+    found: set[str] = set()
+    trees = []
+    enums: dict[str, dict[str, str]] = {}
+    for home in ESTIMATOR_HOMES:
+        path = root / home
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8", errors="replace"))
+        except (OSError, SyntaxError):
+            continue
+        trees.append(tree)
+        enums.update(_enum_members(tree))
+    for tree in trees:
+        found |= _registered_group(tree, enums) | _branch_group(tree, enums)
+    return sorted(found)
+
+
+@verl_cache
+def group_estimators() -> frozenset[str]:
+    """The group advantage estimators of the verl in use (cached on disk per release)."""
+    root = verl_package_dir().parent
+    return frozenset(cached_fact("group_estimators", lambda: read_group_estimators(root)))

@@ -2,34 +2,51 @@
 
 from __future__ import annotations
 
-from verl_safe_launch.preflight.advice import verify_advice, verl_validation
+from verl_safe_launch.preflight.advice import AdviceJudge, verify_advice, verl_validation
 from verl_safe_launch.preflight.pipeline import Preflight, launch_preflight, rule_context, run_preflight
 from verl_safe_launch.preflight.recheck import rechecked
 from verl_safe_launch.preflight.release import (
+    ProjectVerl,
     header_json,
     header_lines,
+    project_verl,
     safe_header_json,
     unjudged,
     use_vendored_verl,
     vendored_verl,
 )
 from verl_safe_launch.preflight.scripts import Auditor, JobLint, LaunchAudit, ScriptAudit, TraceOptions
+from verl_safe_launch.preflight.upgrading import (
+    OldRun,
+    UpgradeReport,
+    old_run_of,
+    unreadable_keys,
+    upgrade_launch,
+)
 
 __all__ = [
+    "AdviceJudge",
     "Auditor",
     "JobLint",
     "LaunchAudit",
+    "OldRun",
     "Preflight",
+    "ProjectVerl",
     "ScriptAudit",
     "TraceOptions",
+    "UpgradeReport",
     "header_json",
     "header_lines",
     "launch_preflight",
+    "old_run_of",
+    "project_verl",
     "rechecked",
     "rule_context",
     "run_preflight",
     "safe_header_json",
     "unjudged",
+    "unreadable_keys",
+    "upgrade_launch",
     "use_vendored_verl",
     "vendored_verl",
     "verify_advice",

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -118,3 +120,66 @@ def use_vendored_verl(script: Path, exports: Sequence[tuple[str, str]] = ()) -> 
     """Choose the verl a script's launch imports (a vendored copy when there is one, else the usual one)."""
     found = vendored_verl(script, exports)
     choose_verl(found[0] if found else None, found[1] if found else "", scope="script")
+
+
+PIN_FILES = ("requirements.txt", "requirements-train.txt", "setup.py", "pyproject.toml", "environment.yml")
+_PIN = re.compile(r"(?<![\w-])verl(?:\[[^\]]*\])?\s*==\s*([0-9][0-9A-Za-z.]*)")
+_ROOT_MARKS = (".git", "pyproject.toml", "setup.py")
+
+
+@dataclass(frozen=True)
+class ProjectVerl:
+    """The verl a project's launch script was written for: its vendored copy, or the release it pins."""
+
+    package: Path | None
+    pinned: str | None
+    how: str
+
+
+def shown_path(path: Path) -> str:
+    """A path as a report shows it: relative to the working directory when it lies below it."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def project_verl(script: Path, exports: Sequence[tuple[str, str]] = ()) -> ProjectVerl | None:
+    """The project's own verl: a copy the script imports (a ``PYTHONPATH`` it exports, the directory it cd's to,
+    beside it) or one above it in its checkout (``verl/``, or a vendored verl repository ``verl/verl/``), else a
+    ``verl==X`` pin in the project's requirements, setup.py or pyproject.toml. None: nothing says."""
+    found = vendored_verl(script, exports)
+    if found is not None:
+        package = package_in(found[0])
+        if package is not None:
+            return ProjectVerl(package, None, found[1])
+    for folder in _upward(script):
+        for candidate in (folder, folder / "verl", folder / "src"):
+            package = package_in(candidate)
+            if package is not None:
+                return ProjectVerl(package, None, f"vendored at {shown_path(package)}")
+    for folder in _upward(script):
+        for name in PIN_FILES:
+            pin = _pin_in(folder / name)
+            if pin is not None:
+                return ProjectVerl(None, pin, f"{shown_path(folder / name)} pins verl=={pin}")
+    return None
+
+
+def _upward(script: Path) -> list[Path]:
+    """The script's directory and those above it, up to the first that marks a project root."""
+    out: list[Path] = []
+    for folder in script.resolve().parents:
+        out.append(folder)
+        if any((folder / mark).exists() for mark in _ROOT_MARKS):
+            break
+    return out
+
+
+def _pin_in(path: Path) -> str | None:
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    found = _PIN.search(text)
+    return found.group(1) if found else None

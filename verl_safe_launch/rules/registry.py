@@ -8,9 +8,18 @@ from collections.abc import Callable
 from verl_safe_launch.config_view import ARR, ConfigView, format_value, is_missing
 from verl_safe_launch.context import RuleContext
 from verl_safe_launch.findings import Rule
-from verl_safe_launch.inputs import REGISTRIES, Registry, registered_names, verl_release
+from verl_safe_launch.inputs import (
+    REGISTRIES,
+    Registry,
+    engine_load_formats,
+    engine_version,
+    group_estimators,
+    pinned_by,
+    registered_names,
+    verl_release,
+)
 from verl_safe_launch.rules.fixes import KeyFix
-from verl_safe_launch.rules.kit import Draft, check
+from verl_safe_launch.rules.kit import Draft, check, kv
 
 
 def _custom_reward(view: ConfigView) -> bool:
@@ -62,4 +71,51 @@ def registry_names(ctx: RuleContext) -> list[Draft]:
     return drafts
 
 
-RULES: tuple[Rule[RuleContext], ...] = (registry_names,)
+ESTIMATOR = "algorithm.adv_estimator"
+GROUP_SIZE = f"{ARR}.rollout.n"
+
+
+@check(
+    "verl-group-estimator-n",
+    "a group advantage estimator (GRPO, RLOO...) gets more than one response per prompt",
+)
+def group_of_one(ctx: RuleContext) -> list[Draft]:
+    """The estimators whose function takes the group ``index`` (read from the verl in use) compare the responses
+    to one prompt; with ``rollout.n=1`` there is no group to compare."""
+    view = ctx.view
+    estimator, n = view.get(ESTIMATOR), view.get(GROUP_SIZE)
+    if not isinstance(estimator, str) or estimator not in group_estimators() or n != 1:
+        return []
+    msg = (
+        f"{kv(view, ESTIMATOR)} compares the responses to one prompt with each other, and {kv(view, GROUP_SIZE)} "
+        f"gives each prompt one response: there is no group, so the run does not train {estimator} (verl "
+        "0.9.1 takes a group of one as mean 0 and std 1, so the advantage is the raw reward with no baseline, "
+        "or 0, or the estimator raises)"
+    )
+    fixes = (KeyFix(GROUP_SIZE, (5,)), KeyFix(ESTIMATOR, ("gae",)))
+    return [Draft((ESTIMATOR, GROUP_SIZE), msg, fixes)]
+
+
+LOAD_FORMAT = f"{ARR}.rollout.load_format"
+
+
+@check("verl-load-format", "rollout.load_format is a load format of the engine verl passes it to")
+def load_format(ctx: RuleContext) -> list[Draft]:
+    """verl 0.9.1 hands ``load_format`` to vLLM or SGLang unchanged; their loader lookup raises for an unknown
+    format when the rollout server starts. The formats are read from the engine versions verl pins."""
+    view = ctx.view
+    engine, value = view.get(f"{ARR}.rollout.name"), view.get(LOAD_FORMAT)
+    if verl_release().name != pinned_by() or not isinstance(engine, str) or not isinstance(value, str):
+        return []
+    formats = engine_load_formats().get(engine)
+    if formats is None or value.lower() in formats:
+        return []
+    msg = (
+        f"{kv(view, LOAD_FORMAT)} is not a load format of {engine} {engine_version(engine)} (the version "
+        f"{pinned_by()} pins; it has {', '.join(sorted(formats))}): the rollout server stops when it starts"
+    )
+    close = difflib.get_close_matches(value, sorted(formats), n=3, cutoff=0.6) or ["dummy"]
+    return [Draft((LOAD_FORMAT,), msg, (KeyFix(LOAD_FORMAT, tuple(close)),))]
+
+
+RULES: tuple[Rule[RuleContext], ...] = (registry_names, group_of_one, load_format)
