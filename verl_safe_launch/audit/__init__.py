@@ -36,6 +36,7 @@ from verl_safe_launch.audit.project import (
     project_keys,
 )
 from verl_safe_launch.audit.run import AUDIT_RULES, audit, script_findings
+from verl_safe_launch.audit.settle import env_names, settle_command
 from verl_safe_launch.audit.table import AuditContext
 from verl_safe_launch.audit.upgrade import (
     HAND_MOVES,
@@ -93,6 +94,7 @@ __all__ = [
     "default_changes",
     "depends_on",
     "detect",
+    "env_names",
     "evidence_of",
     "flatten_release_yaml",
     "generate_moves",
@@ -115,6 +117,7 @@ __all__ = [
     "read_layout",
     "render_yaml",
     "script_findings",
+    "settle_command",
     "token_key",
     "version",
     "yaml_deprecations",

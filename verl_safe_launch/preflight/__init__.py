@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from verl_safe_launch.preflight.advice import verify_advice, verl_validation
+from verl_safe_launch.preflight.baseline import Baseline, BaselineWriter, finding_key, script_key
+from verl_safe_launch.preflight.catalog import Catalogued, catalogued, rule_catalog
 from verl_safe_launch.preflight.pipeline import Preflight, launch_preflight, rule_context, run_preflight
 from verl_safe_launch.preflight.recheck import rechecked
 from verl_safe_launch.preflight.release import (
@@ -14,21 +16,32 @@ from verl_safe_launch.preflight.release import (
     vendored_verl,
 )
 from verl_safe_launch.preflight.scripts import Auditor, JobLint, LaunchAudit, ScriptAudit, TraceOptions
+from verl_safe_launch.preflight.tree import Found, find_scripts, skip_reason
 
 __all__ = [
     "Auditor",
+    "Baseline",
+    "BaselineWriter",
+    "Catalogued",
+    "Found",
     "JobLint",
     "LaunchAudit",
     "Preflight",
     "ScriptAudit",
     "TraceOptions",
+    "catalogued",
+    "find_scripts",
+    "finding_key",
     "header_json",
     "header_lines",
     "launch_preflight",
     "rechecked",
+    "rule_catalog",
     "rule_context",
     "run_preflight",
     "safe_header_json",
+    "script_key",
+    "skip_reason",
     "unjudged",
     "use_vendored_verl",
     "vendored_verl",
