@@ -188,9 +188,11 @@ def _report(
             }
         print_json(document)
     elif fmt == "sarif":
-        from verl_safe_launch import __version__
+        from importlib.metadata import version
 
-        sarif = SarifWriter(sys.stdout, rule_catalog(), __version__, baseline=baseline is not None)
+        sarif = SarifWriter(
+            sys.stdout, rule_catalog(), version("verl-safe-launch"), baseline=baseline is not None
+        )
         sarif.start()
         for result in results:
             sarif.script(outcome.add(result))
