@@ -13,6 +13,7 @@ Every sequence is at full length (the remove-padding worst case): ``micro × seq
     python bench/calibrate_memory.py --variants   # entropy / temperature / fused-kernel variants on one model
     python bench/calibrate_memory.py --families   # eight families, two shapes each, two layers deep
     python bench/calibrate_memory.py --census     # saved tensors of one decoder layer per family (the constants)
+    python bench/calibrate_memory.py --full       # fifteen families at full depth, two shapes, every stage
 
 Traced results are cached in bench/memory_calibration.json so the constants' provenance is reviewable.
 """
@@ -32,12 +33,14 @@ sys.path.insert(0, str(ROOT / "tests"))
 from memory_trace import (  # noqa: E402
     CACHE,
     FAMILY_MODELS,
+    FULL_MODELS,
     MODELS,
     Case,
     _build,
     architecture,
     estimate,
     family_cases,
+    full_cases,
     grid,
     hf_config,
     load_cache,
@@ -162,6 +165,7 @@ def main() -> int:
     parser.add_argument("--variants", action="store_true", help="the logits post-processing variants")
     parser.add_argument("--families", action="store_true", help="every family at two shapes, few layers")
     parser.add_argument("--census", action="store_true", help="saved tensors of one layer per family")
+    parser.add_argument("--full", action="store_true", help="every family at full depth, two shapes")
     parser.add_argument("--model", action="append", help="restrict the grid to these models")
     ns = parser.parse_args()
     sys.path.insert(0, str(ROOT))
@@ -172,6 +176,8 @@ def main() -> int:
         cases = variant_cases()
     elif ns.families:
         cases = family_cases(tuple(ns.model) if ns.model else FAMILY_MODELS)
+    elif ns.full:
+        cases = full_cases(tuple(ns.model) if ns.model else FULL_MODELS)
     else:
         cases = grid(tuple(ns.model) if ns.model else MODELS)
     data = run_cases(cases, ns.refresh)

@@ -99,8 +99,9 @@ TINY_CONFIG = {
 }
 
 
-def make_tiny_model(path: Path, **config: object) -> Path:
-    """Write a tiny Qwen2-style model directory: config.json plus a word-level tokenizer (no weights)."""
+def make_tiny_model(path: Path, *, weights: bool = False, **config: object) -> Path:
+    """Write a tiny Qwen2-style model directory: config.json plus a word-level tokenizer; with ``weights``, also
+    randomly initialised weights saved by transformers (what verl's workers load)."""
     from tokenizers import Tokenizer, models, pre_tokenizers
 
     path.mkdir(parents=True, exist_ok=True)
@@ -146,6 +147,10 @@ def make_tiny_model(path: Path, **config: object) -> Path:
         )
     )
     (path / "config.json").write_text(json.dumps({**TINY_CONFIG, "vocab_size": len(vocab), **config}))
+    if weights:
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path)).save_pretrained(path)
     return path
 
 

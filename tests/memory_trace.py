@@ -18,13 +18,13 @@ import functools
 import json
 import sys
 import time
-import weakref
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / "bench" / "memory_calibration.json"
+PUBLISHED_CONFIGS = Path(__file__).resolve().parent / "data" / "model_configs.json"
 MODELS = ("Qwen/Qwen2.5-0.5B", "Qwen/Qwen2.5-1.5B", "meta-llama/Llama-3.1-8B", "Qwen/Qwen3-0.6B")
 MICROS = (1, 4, 8)
 SEQS = (512, 2048)
@@ -117,6 +117,26 @@ FAMILY_MODELS = (
 )
 FAMILY_SHAPES = ((1, 8192), (4, 1024))  # two token counts, one long sequence and a batch of shorter ones
 FAMILY_LAYERS = 2
+# The full-depth table: every family at its real depth, two shapes, every stage. Families with a calibrated row
+# (the first ten) and families nobody calibrated (GLM-4, OLMo-2, Gemma-3 text and vision, LLaVA-1.5): the
+# estimate takes the row for the first and terms derived from the model's code for the others.
+FULL_MODELS = (
+    "meta-llama/Llama-3.1-8B",
+    "Qwen/Qwen2.5-7B",
+    "Qwen/Qwen3-8B",
+    "mistralai/Mistral-7B-v0.1",
+    "google/gemma-2-2b",
+    "microsoft/Phi-3-mini-4k-instruct",
+    "mistralai/Mixtral-8x7B-v0.1",
+    "Qwen/Qwen1.5-MoE-A2.7B",
+    "deepseek-ai/DeepSeek-V2-Lite",
+    "Qwen/Qwen2.5-VL-7B-Instruct",
+    "THUDM/GLM-4-9B-0414",
+    "allenai/OLMo-2-0425-1B",
+    "google/gemma-3-1b-it",
+    "google/gemma-3-4b-it",
+    "llava-hf/llava-1.5-7b-hf",
+)
 
 
 def family_cases(models: tuple[str, ...] = FAMILY_MODELS) -> list[Case]:
@@ -127,6 +147,11 @@ def family_cases(models: tuple[str, ...] = FAMILY_MODELS) -> list[Case]:
         for mode, ckpt in MODES
         for b, s in FAMILY_SHAPES
     ]
+
+
+def full_cases(models: tuple[str, ...] = FULL_MODELS) -> list[Case]:
+    """Every family at full depth × two shapes × (log-prob, update with and without checkpointing)."""
+    return [Case(m, b, s, mode, ckpt) for m in models for mode, ckpt in MODES for b, s in FAMILY_SHAPES]
 
 
 # Models outside the bundled table come from transformers' own config classes, so the trace and the estimate
@@ -237,6 +262,8 @@ def architecture(model: str) -> Any:
         return Architecture(name=model, source="synthetic", **SYNTHETIC[model])  # type: ignore[arg-type]
     if model in FROM_TRANSFORMERS:
         return from_config_dict(config_dict(model), model, "transformers config class")
+    if model in published():
+        return from_config_dict(config_of(model), model, "published config.json")
 
     arch = load_architecture(model)
     if arch is None:
@@ -244,14 +271,40 @@ def architecture(model: str) -> Any:
     return arch
 
 
-def estimate(case: Case, layers: int | None = None) -> tuple[float, float]:
+def resolved(model: str, method: str = "product") -> Any:
+    """The architecture with the terms the estimate uses: ``product`` as the estimator picks them (a calibrated
+    row, else derived from the code), ``derived`` always derived, or ``row:<family>`` a family's row standing in."""
+    from verl_safe_launch.memory.derive import with_traced
+    from verl_safe_launch.memory.sources import resolve
+
+    arch = architecture(model)
+    if method == "product":
+        return resolve(arch).arch
+    if method == "derived":
+        derived, why = with_traced(arch)
+        if derived.traced is None:
+            raise RuntimeError(f"{model}: {why}")
+        return derived
+    return replace(arch, model_type=method.split(":", 1)[1], traced=None)
+
+
+def at_depth(arch: Any, layers: int) -> Any:
+    """The architecture cut to its first ``layers`` decoder layers (their kinds too, when traced)."""
+    traced = arch.traced
+    if traced is not None:
+        traced = replace(traced, slots=traced.slots[:layers])
+    return replace(arch, num_hidden_layers=layers, traced=traced)
+
+
+def estimate(case: Case, layers: int | None = None, method: str = "product") -> tuple[float, float]:
     """(activations, logits and temporaries) in bytes from the memory model."""
     from verl_safe_launch.memory import Entropy, Pass, pass_peak
+    from verl_safe_launch.memory.terms import traced_peak
 
-    arch = architecture(case.model)
+    arch = resolved(case.model, method)
     layers = layers or case.layers
     if layers:
-        arch = replace(arch, num_hidden_layers=layers)
+        arch = at_depth(arch, layers)
     vocab = 1 if case.variant == "value_head" else arch.vocab_size
     p = Pass(tokens=case.tokens, backward=case.mode == "update", vocab=vocab, checkpointing=case.ckpt)
     v = case.variant
@@ -273,44 +326,41 @@ def estimate(case: Case, layers: int | None = None) -> tuple[float, float]:
         p = replace(p, flash_ce=False, packed_copy=True, row_tokens=case.seq)
     if arch.final_logit_softcapping and v != "value_head":
         p = replace(p, softcap=True)
-    peak = pass_peak(arch, p)
+    peak = traced_peak(arch, arch.traced, p) if arch.traced is not None else pass_peak(arch, p)
     return peak.activations, peak.logits
 
 
 # -------------------------------------------------------------------------------------------------- trace side
 
 
+def config_of(model: str) -> dict[str, Any]:
+    """The config.json mapping a model is built from: a published config, a transformers config class's
+    defaults, a synthetic shape, or the bundled table."""
+    if model in published():
+        return dict(published()[model]["config"])
+    if model in FROM_TRANSFORMERS:
+        return config_dict(model)
+    if model in SYNTHETIC:
+        return dict(SYNTHETIC[model])
+    sys.path.insert(0, str(ROOT))
+    from verl_safe_launch.inputs.architecture import bundled_table
+
+    return dict(bundled_table()[model])
+
+
+@functools.cache
+def published() -> dict[str, Any]:
+    """tests/data/model_configs.json: configs of published models outside the bundled table."""
+    data: dict[str, Any] = json.loads(PUBLISHED_CONFIGS.read_text())
+    return {k: v for k, v in data.items() if not k.startswith("_")}
+
+
 def hf_config(arch: Any, layers: int | None = None, vocab: int | None = None) -> Any:
-    """A transformers config with the architecture's numbers (attention implementation: the calibration one)."""
-    from transformers import AutoConfig
+    """The model's transformers config (its own config class, defaults filled), cut to ``layers`` decoder
+    layers (and ``vocab``), attention through the tracing kernel."""
+    from verl_safe_launch.memory import trace as product
 
-    if arch.name in FROM_TRANSFORMERS:
-        return _own_config(arch.name, layers, vocab)
-
-    kwargs = dict(
-        hidden_size=arch.hidden_size,
-        intermediate_size=arch.intermediate_size,
-        num_hidden_layers=layers or arch.num_hidden_layers,
-        num_attention_heads=arch.num_attention_heads,
-        num_key_value_heads=arch.num_key_value_heads,
-        vocab_size=vocab or arch.vocab_size,
-        max_position_embeddings=arch.max_position_embeddings,
-        tie_word_embeddings=arch.tie_word_embeddings,
-        head_dim=arch.head_dim,
-    )
-    if arch.num_experts:
-        experts = "num_local_experts" if arch.model_type == "mixtral" else "num_experts"
-        kwargs |= {experts: arch.num_experts, "num_experts_per_tok": arch.num_experts_per_tok}
-        if arch.moe_intermediate_size:
-            kwargs["moe_intermediate_size"] = arch.moe_intermediate_size
-    cfg = AutoConfig.for_model(arch.model_type, **kwargs)
-    cfg._attn_implementation = "calib_sdpa"
-    return cfg
-
-
-def _own_config(model: str, layers: int | None, vocab: int | None) -> Any:
-    """The model's own transformers config, cut to ``layers`` (and ``vocab``) for the trace."""
-    cfg = transformers_config(model)
+    cfg = product.hf_config(config_of(arch.name))
     text = getattr(cfg, "text_config", None) or cfg
     if layers:
         text.num_hidden_layers = layers
@@ -318,47 +368,22 @@ def _own_config(model: str, layers: int | None, vocab: int | None) -> Any:
             text.layer_types = text.layer_types[:layers]
     if vocab:
         text.vocab_size = vocab
-    for c in (cfg, text):
-        c._attn_implementation = "calib_sdpa"
+    product.set_attention(cfg)
     return cfg
 
 
 def register_attention() -> None:
-    """Causal SDPA with native GQA: keeps what flash attention keeps (output and fp32 log-sum-exp)."""
-    import torch.nn.functional as F
-    from transformers import AttentionInterface
+    """Causal SDPA with native GQA (the product tracer's kernel)."""
+    from verl_safe_launch.memory import trace as product
 
-    def calib_sdpa(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, **kw: Any) -> Any:
-        scale = kw.get("scaling")
-        width = value.shape[-1]
-        if width != query.shape[-1]:  # MLA: flash attention takes the values padded to the query width
-            value = F.pad(value, [0, query.shape[-1] - width])
-        out = F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scale, enable_gqa=True)
-        return out[..., :width].transpose(1, 2).contiguous(), None
-
-    AttentionInterface.register("calib_sdpa", calib_sdpa)
+    product.register_attention()
 
 
 def flash_ce() -> Any:
-    """Stand-in for flash_attn's cross_entropy_loss: fp32 loss and lse per row, gradient written into the logits."""
-    import torch
+    """Stand-in for flash_attn's cross_entropy_loss (the product tracer's)."""
+    from verl_safe_launch.memory import trace as product
 
-    class FlashCrossEntropy(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx: Any, logits: Any, labels: Any, inplace: bool) -> Any:
-            rows = logits.shape[0]
-            lse = torch.empty(rows, dtype=torch.float32, device=logits.device)
-            loss = torch.empty(rows, dtype=torch.float32, device=logits.device)
-            ctx.save_for_backward(logits, lse, labels)
-            ctx.inplace = inplace
-            return -loss
-
-        @staticmethod
-        def backward(ctx: Any, grad: Any) -> Any:
-            logits, _lse, _labels = ctx.saved_tensors
-            return (logits if ctx.inplace else torch.empty_like(logits)), None, None
-
-    return FlashCrossEntropy
+    return product.flash_ce()
 
 
 def eager_entropy(logits: Any) -> Any:
@@ -382,63 +407,10 @@ def chunked_entropy(logits: Any, chunk: int) -> Any:
 
 
 def make_tracker(model: Any, vocab: int) -> Any:
-    """A MemTracker that records the peak of activations + temporaries, with weight gradients set apart."""
-    import torch
-    from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
-    from torch.utils._pytree import tree_leaves, tree_map_only
+    """The product tracer's MemTracker: the peak of activations + temporaries, weight gradients set apart."""
+    from verl_safe_launch.memory import trace as product
 
-    class PeakTracker(MemTracker):  # type: ignore[misc]
-        def __init__(self) -> None:
-            super().__init__()
-            self.param_shapes = {tuple(p.shape) for p in model.parameters()}
-            self.backward = False
-            self.peak, self.peak_logits, self.logits_live, self.peak_op = 0, 0, 0, ""
-
-        def _update_peak_stats(self, peak_state: Any) -> None:  # module-wise peaks are not needed (and slow)
-            pass
-
-        def sample(self, label: str) -> None:
-            for snap in self._curr_mem_snap.values():
-                cur = snap[_MemRefType.ACT] + snap[_MemRefType.TEMP]
-                if cur > self.peak:
-                    self.peak, self.peak_logits, self.peak_op = cur, self.logits_live, label
-
-        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-            # sampled before each op (frees since the last op are counted) and after it, while the op's inputs
-            # and its output are alive together: an output that lives for one op is part of the peak
-            self.sample(str(func))
-            res = func(*args, **(kwargs or {}))
-            reftype = _MemRefType.TEMP if self.backward else _MemRefType.ACT
-            if self.backward and self._weight_grad(res, args, kwargs):
-                reftype = _MemRefType.OTH
-            tree_map_only(torch.Tensor, functools.partial(self._track_logits, reftype), res)
-            self.sample(f"{func} (output)")
-            return res
-
-        def _track_logits(self, reftype: Any, t: Any) -> None:
-            st = t.untyped_storage()
-            new = self._WINFO.get(st, (None, None))[0] is None
-            self._track(reftype, t)
-            if new and t.dim() >= 2 and t.shape[-1] == vocab and reftype is not _MemRefType.OTH:
-                size = st.nbytes()
-                self.logits_live += size
-                weakref.finalize(st, self._drop_logits, size)
-
-        def _drop_logits(self, size: int) -> None:
-            self.logits_live -= size
-
-        def _weight_grad(self, res: Any, args: Any, kwargs: Any) -> bool:
-            outs = [t for t in tree_leaves(res) if isinstance(t, torch.Tensor)]
-            if len(outs) != 1 or tuple(outs[0].shape) not in self.param_shapes:
-                return False
-            for t in tree_leaves((args, kwargs)):
-                if isinstance(t, torch.Tensor):
-                    info = self._WINFO.get(t.untyped_storage(), (None, None))[0]
-                    if info is not None and info.reftype == _MemRefType.PARAM:
-                        return False
-            return True
-
-    return PeakTracker()
+    return product.make_tracker(model, vocab)
 
 
 def trace(case: Case, layers: int | None = None, vocab: int | None = None) -> dict[str, Any]:
@@ -473,27 +445,12 @@ def trace(case: Case, layers: int | None = None, vocab: int | None = None) -> di
 
 
 def _build(cfg: Any, ckpt: bool, value_head: bool = False) -> Any:
-    """The model in bf16; with ``value_head`` the critic's token-classification model with one label."""
-    import torch
-    from transformers import (
-        AutoModelForCausalLM,
-        AutoModelForImageTextToText,
-        AutoModelForTokenClassification,
-    )
+    """The model in bf16 (the product tracer's build); with ``value_head`` the critic's one-label model."""
+    from verl_safe_launch.memory import trace as product
 
-    torch.set_default_dtype(torch.bfloat16)
-    try:
-        if value_head:
-            cfg.num_labels, cfg.classifier_dropout = 1, 0.0
-            model = AutoModelForTokenClassification.from_config(cfg)
-        elif getattr(cfg, "vision_config", None) is not None:
-            model = AutoModelForImageTextToText.from_config(cfg)
-        else:
-            model = AutoModelForCausalLM.from_config(cfg)
-    finally:
-        torch.set_default_dtype(torch.float32)
+    model = product.build_model(cfg, value_head=value_head)
     if ckpt:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        product.set_checkpointing(model, True)
     return model
 
 

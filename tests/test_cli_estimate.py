@@ -33,14 +33,29 @@ def test_table_per_stage_with_verdicts(cli: Callable[..., CliResult]) -> None:
 def test_fit_prints_overrides_to_paste(cli: Callable[..., CliResult]) -> None:
     r = cli("estimate", "--fit", "-c", EXAMPLE, "hardware.gpu_memory_gb=80")
     assert r.code == 0, r.err
-    paste = r.out.splitlines()[-1].split()
+    lines = r.out.splitlines()
+    paste = lines[lines.index("paste:") + 1].split()
     assert paste == [
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=60",
-        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=60",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=40",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=120",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=120",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=30",
     ]
+    # nothing says whether the GPU nodes have flash-attn: the fit takes verl's other log-prob path, and says so
+    assert lines[-1] == (
+        "note: these values assume no flash-attn cross-entropy (not known for the GPU nodes); with "
+        "hardware.flash_attn=true if the GPU nodes have flash-attn installed (verl then uses its cross-entropy for "
+        "log-probs): actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=40"
+    )
     check = cli("check", "-c", EXAMPLE, "hardware.gpu_memory_gb=80", *paste)
     assert check.code == 0, check.out
+    declared = cli(
+        "estimate", "--fit", "-c", EXAMPLE, "hardware.gpu_memory_gb=80", "hardware.flash_attn=true"
+    )
+    assert (
+        declared.out.splitlines()[-1].split()[-1] == "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=40"
+    )
+    bolder = ["hardware.flash_attn=true", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=40"]
+    assert cli("check", "-c", EXAMPLE, "hardware.gpu_memory_gb=80", *bolder).code == 0
 
 
 def test_json(cli: Callable[..., CliResult]) -> None:
@@ -62,7 +77,7 @@ def test_json(cli: Callable[..., CliResult]) -> None:
     update = data["stages"][3]
     assert update["name"] == "actor update" and update["verdict"] == "fits"
     assert set(update["components_gib"]) >= {"parameters", "gradients", "optimizer", "activations"}
-    assert data["fit"][2]["override"] == "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=40"
+    assert data["fit"][2]["override"] == "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=30"
 
 
 def test_margin_out_of_range_is_a_usage_error(cli: Callable[..., CliResult]) -> None:

@@ -302,3 +302,130 @@ def test_entropy_failure_pastes_chunking(cli: Callable[..., CliResult]) -> None:
     chunking = data["remedies"][0]
     assert chunking["freed_gib"] > 0  # applied to the config as run and re-estimated
     assert all(r["freed_gib"] > 0 for r in data["remedies"])  # entropy_checkpointing only where it frees some
+
+
+# --- real log shapes: the failing process listed by the driver's pid, lower-case engine errors, fragmentation ---
+
+
+def test_container_log_lists_the_failing_process_as_any_other() -> None:
+    """verl-project/verl#2828: inside a container torch does not recognise its own process and lists it as
+    "Process 23444 has 70.25 GiB memory in use", with no "this process has" sentence. PyTorch's pool (60.49 GiB
+    allocated + 6.77 GiB reserved) plus 3 GiB of CUDA context is that entry: the process itself, not another."""
+    [event] = find_ooms(LOGS / "container_entropy_log_prob.log")
+    assert (event.stage, event.in_entropy) == ("old_log_prob", True)
+    assert event.own_pid == 23444 and event.in_use_gib == 70.25 and event.others_gib == ()
+    assert (event.pytorch_gib, event.unallocated_gib) == (60.49, 6.77)
+    assert event.fragmented  # 8.85 GiB free + 6.77 GiB held unused would have held the 13.91 GiB asked for
+
+
+def test_container_log_gets_the_stage_checklist_not_stop_the_other_process(
+    cli: Callable[..., CliResult],
+) -> None:
+    r = cli("oom", str(LOGS / "container_entropy_log_prob.log"), "-c", EXAMPLE, "--format", "json")
+    assert r.code == 0, r.err
+    data = json.loads(r.out)
+    assert data["fix"] is None and data["other_processes"] == []
+    assert any("process 23444 in torch's list is the failing process itself" in n for n in data["notes"])
+    assert data["paste"] == ["actor_rollout_ref.actor.fsdp_config.entropy_from_logits_with_chunking=true"]
+    expandable = next(r for r in data["remedies"] if "PYTORCH_CUDA_ALLOC_CONF" in r["overrides"][0])
+    assert expandable["overrides"] == [
+        "+ray_kwargs.ray_init.runtime_env.env_vars.PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+    ]
+    assert expandable["freed_gib"] == 6.77
+
+
+def test_the_expandable_segments_override_composes(cli: Callable[..., CliResult]) -> None:
+    """The advice is applied to the config before it is shown: verl's Hydra config takes it as an env var."""
+    key = "ray_kwargs.ray_init.runtime_env.env_vars.PYTORCH_CUDA_ALLOC_CONF"
+    r = cli("show", "-c", EXAMPLE, f"+{key}=expandable_segments:True", "--format", "json")
+    assert r.code == 0, r.err
+    assert "expandable_segments:True" in r.out
+
+
+def test_zero_bytes_in_this_process_means_torch_did_not_find_itself() -> None:
+    """ "this process has 0 bytes memory in use" (real containers) and "Process 1 has": PID 1 is the worker."""
+    [event] = find_ooms(LOGS / "container_zero_bytes.log")
+    assert event.own_pid == 1 and event.in_use_gib == 78.12 and event.others_gib == ()
+    assert event.needed_gib == pytest.approx(78.12 + 1.72)
+
+
+def test_another_process_is_still_another_process_when_pytorch_holds_little() -> None:
+    """The own entry is PyTorch's pool plus at most a few GiB: a 78 GiB stranger beside a 0.4 GiB pool stays one."""
+    [event] = find_ooms(LOGS / "other_process.log")
+    assert event.others_gib == ((2914, 77.96),) and event.in_use_gib == 0.904  # torch knew its own: 3377
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "RuntimeError: cuda error: out of memory at /workspace/csrc/cumem_allocator.cpp:62",  # verl#302's title
+        "RuntimeError: CUDA Error: out of memory at /workspace/csrc/cumem_allocator.cpp:62",
+        "pfw8b: HTTP 500  CUDA error: out of memory      cumem_allocator.cpp:139",
+    ],
+)
+def test_wake_up_failure_in_every_spelling(line: str) -> None:
+    [event] = scan_lines([line], "log")
+    assert (event.kind, event.stage) == ("wake-up", "rollout")
+
+
+def test_lower_case_wake_up_log_is_the_rollout_waking_up() -> None:
+    [event] = find_ooms(LOGS / "vllm_wake_up_lowercase.log")
+    assert (event.kind, event.stage) == ("wake-up", "rollout")
+
+
+def test_torch_message_matched_whatever_its_case() -> None:
+    line = (LOGS / "v1_compute_log_prob.log").read_text().splitlines()[-1]
+    [event] = scan_lines([line.lower()], "log")
+    assert (event.tried_gib, event.total_gib, event.pytorch_gib) == (13.91, 79.11, 65.3)
+
+
+def test_critic_oom_gets_the_critics_own_knobs(cli: Callable[..., CliResult]) -> None:
+    """A critic update's failure (a log in the legacy worker's shape) is fitted on the critic's token budget,
+    and no actor switch is offered as the critic's own."""
+    r = cli(
+        "oom",
+        str(LOGS / "legacy_update_critic.log"),
+        "-c",
+        EXAMPLE,
+        "algorithm.adv_estimator=gae",
+        "critic.model.path=Qwen/Qwen2.5-0.5B",
+        "--format",
+        "json",
+    )
+    assert r.code == 0, r.err
+    data = json.loads(r.out)
+    assert data["stage"] == "critic" and data["knob"] == "critic.ppo_infer_max_token_len_per_gpu"
+    assert data["paste"][0].startswith("+critic.ppo_infer_max_token_len_per_gpu=")
+    assert int(data["paste"][0].split("=")[1]) < 32768  # below the CriticConfig default the run used
+    actor = [r for r in data["remedies"] if "actor.fsdp_config" in " ".join(r["overrides"])]
+    assert all("resident beside this stage" in r["why"] for r in actor)
+
+
+def test_dynamic_batching_is_offered_for_a_fixed_micro_batch(cli: Callable[..., CliResult]) -> None:
+    r = cli(
+        "oom",
+        str(LOGS / "legacy_update_actor.log"),
+        "-c",
+        EXAMPLE,
+        "hardware.gpu_memory_gb=80",
+        "--format",
+        "json",
+    )
+    assert r.code == 0, r.err
+    data = json.loads(r.out)
+    dynamic = next(r for r in data["remedies"] if "use_dynamic_bsz=true" in " ".join(r["overrides"]))
+    switch, budget = dynamic["overrides"]
+    assert switch == "actor_rollout_ref.actor.use_dynamic_bsz=true"
+    assert budget.startswith("actor_rollout_ref.actor.ppo_max_token_len_per_gpu=")
+    assert dynamic["peak_gib"] * 1.1 <= 80
+    again = cli(
+        "oom",
+        str(LOGS / "legacy_update_actor.log"),
+        "-c",
+        EXAMPLE,
+        "hardware.gpu_memory_gb=80",
+        "actor_rollout_ref.actor.use_dynamic_bsz=true",
+        "--format",
+        "json",
+    )
+    assert not any("use_dynamic_bsz" in " ".join(r["overrides"]) for r in json.loads(again.out)["remedies"])

@@ -164,7 +164,7 @@ def _watch(
 @pytest.fixture
 def launch(tmp_path: Path) -> Iterator[Callable[..., Launch]]:
     ray_temp = Path(tempfile.mkdtemp(prefix="vslray"))  # short: Ray's socket paths must fit in 107 characters
-    model = make_tiny_model(tmp_path / "tiny-model")
+    model = make_tiny_model(tmp_path / "tiny-model", weights=True)
     data = make_tiny_dataset(tmp_path / "train.parquet")
     home = tmp_path / "home"
     home.mkdir()

@@ -177,3 +177,98 @@ def test_preflight_inside_the_allocation(
         f"  trainer.n_gpus_per_node = 2  {verdict} Slurm allocation, SLURM_GPUS_ON_NODE={gpus}",
         "  trainer.nnodes          = 1  matches Slurm allocation, SLURM_JOB_NUM_NODES=1",
     ]
+
+
+ONE_NODE_SCRIPT = """#!/bin/bash
+python3 -m verl.trainer.main_ppo algorithm.adv_estimator=grpo data.train_batch_size=64 \\
+  actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct actor_rollout_ref.rollout.name=vllm \\
+  actor_rollout_ref.actor.ppo_mini_batch_size=16 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2 \\
+  actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4 actor_rollout_ref.rollout.n=4 \\
+  actor_rollout_ref.rollout.tensor_model_parallel_size=2 trainer.nnodes=1 trainer.n_gpus_per_node=8
+"""
+
+
+@pytest.mark.parametrize(
+    ("verb", "extra"),
+    [("slurm", ("-o", "job.sbatch")), ("kuberay", ("--image", "verl:latest", "-o", "job.yaml"))],
+)
+def test_a_migrated_one_node_config_is_refused_for_a_two_node_job(
+    tmp_path: Path, cli: Callable[..., CliResult], verb: str, extra: tuple[str, ...]
+) -> None:
+    """The job asks for 2 nodes; trainer.nnodes=1 from the migrated YAML would leave one idle: an error with the
+    fix, not a warning and exit 0. With the fix pasted the job is written for both nodes."""
+    script = tmp_path / "one.sh"
+    script.write_text(ONE_NODE_SCRIPT)
+    assert cli("migrate", str(script), "-o", str(tmp_path / "run.yaml")).code == 0
+    base = (
+        verb,
+        "--nodes",
+        "2",
+        "--gpus-per-node",
+        "8",
+        "-c",
+        str(tmp_path / "run.yaml"),
+        "hardware.gpu_memory_gb=80",
+    )
+    out = [a if a not in ("job.sbatch", "job.yaml") else str(tmp_path / a) for a in extra]
+    refused = cli(*base, *out)
+    assert refused.code == 1, refused.out + refused.err
+    assert (
+        f"error [hardware-mismatch] trainer.nnodes=1 uses fewer nodes than the {verb} job asks for (2): the job "
+        "would hold 2 and leave 1 of them idle" in refused.out
+    )
+    assert "fix: trainer.nnodes=2; or --nodes 1" in refused.out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["one.sh", "run.yaml"]
+    fixed = cli(*base, "trainer.nnodes=2", *out)
+    assert fixed.code == 0, fixed.out + fixed.err
+    assert "hardware-mismatch" not in fixed.out
+
+
+def test_fewer_gpus_per_node_than_the_job_holds_is_an_error(
+    tmp_path: Path, cli: Callable[..., CliResult]
+) -> None:
+    result = cli(
+        "slurm",
+        "--nodes",
+        "1",
+        "--gpus-per-node",
+        "4",
+        "-c",
+        SMALL,
+        "trainer.n_gpus_per_node=2",
+        "-o",
+        str(tmp_path / "job.sbatch"),
+    )
+    assert result.code == 1
+    assert "trainer.n_gpus_per_node=2 uses fewer GPUs per node than the slurm job asks for (4)" in result.out
+    assert "fix: trainer.n_gpus_per_node=4; or --gpus-per-node 2" in result.out
+
+
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_the_job_gives_ray_the_cpus_the_plan_reserves(
+    tmp_path: Path, cli: Callable[..., CliResult], nodes: int
+) -> None:
+    """--cpus-per-task holds a node's GPU bundles, and all nodes together hold what the plan reserves (the plan's
+    arithmetic is checked against a real Ray and verl's entry point in test_ray_cpus.py and test_nodes.py)."""
+    from verl_safe_launch.inputs import cli_tokens
+    from verl_safe_launch.rules import CPUS_PER_GPU, cpu_need
+
+    result = cli(
+        "slurm",
+        "--nodes",
+        str(nodes),
+        "--gpus-per-node",
+        "2",
+        "-c",
+        SMALL,
+        "-o",
+        str(tmp_path / "job.sbatch"),
+    )
+    assert result.code == 0, result.out + result.err
+    asked = int((tmp_path / "job.sbatch").read_text().split("--cpus-per-task=")[1].split()[0])
+    tokens = cli_tokens([f"trainer.nnodes={nodes}", "trainer.n_gpus_per_node=2"])
+    view = compose(ComposeRequest(config_files=(Path(SMALL),), overrides=tokens)).view
+    need = cpu_need(view)
+    assert asked >= CPUS_PER_GPU * 2 and asked * nodes >= need.total, (asked, need)
+    if nodes == 1:
+        assert f"needs {need.describe()}" in result.out

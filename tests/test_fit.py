@@ -35,12 +35,13 @@ def test_six_gpu_example_fits_and_passes_check() -> None:
     fits = by_key(fit_knobs(context()))
     assert set(fits) == {ACTOR, LOGPROB, REF}
     assert fits[ACTOR].value == 40 and fits[ACTOR].current == 8  # 120 per GPU: the largest divisor that fits
-    # 120 fits the central estimate, but its upper band would pass 80 GiB: the fit is conservative
-    assert fits[LOGPROB].value == 60 and fits[REF].value == 60
+    # all 120 rows in one micro batch: 72.1 GiB, within the 10% margin, and the band (Qwen2's row measured within
+    # 0.2% of full-depth traces, plus 5% fragmentation and the shards' own) stays under 80 GiB
+    assert fits[LOGPROB].value == 120 and fits[REF].value == 120
     for fit in fits.values():
         assert fit.peak_gib * 1.1 <= 80
     high = estimate_memory(context({LOGPROB: 120})).stage("old log-prob")
-    assert high is not None and high.total * 1.1 <= 80 < high.high
+    assert high is not None and high.total * 1.1 <= 80 and high.high <= 80
     overrides = [f.override for f in fits.values() if f.override]
     tokens = cli_tokens(["hardware.gpu_memory_gb=80", *overrides])
     request = ComposeRequest(overrides=tokens, config_files=(Path(EXAMPLES / "grpo_6gpu.yaml"),))
@@ -53,14 +54,14 @@ def test_the_fitted_value_is_the_largest_that_fits() -> None:
     assert fit.value is not None
     over = estimate_memory(context({ACTOR: 60})).stage("actor update")  # the next divisor of 120 above 40
     assert over is not None and (over.total * 1.1 > 80 or over.high > 80)
-    assert "up to 54 would fit, 40 is the largest valid value" in fit.reason
-    edge = estimate_memory(context({ACTOR: 55})).stage("actor update")
+    assert "up to 58 would fit, 40 is the largest valid value" in fit.reason
+    edge = estimate_memory(context({ACTOR: 59})).stage("actor update")
     assert edge is not None and (edge.total * 1.1 > 80 or edge.high > 80)
 
 
 def test_cap_bounds_each_knob() -> None:
     fits = by_key(fit_knobs(context(), cap={ACTOR: 10, LOGPROB: 7}))
-    assert fits[ACTOR].value == 10 and fits[LOGPROB].value == 6 and fits[REF].value == 60
+    assert fits[ACTOR].value == 10 and fits[LOGPROB].value == 6 and fits[REF].value == 120
 
 
 def test_margin_lowers_the_fit() -> None:
@@ -156,3 +157,36 @@ def test_fitted_micro_batches_fit_the_traced_peak(name: str, tmp_path: Path) -> 
         micro = dict(stage.phases).get("micro batch", stage.total)
         peak = micro - stage.batch_gib + traced / (1 << 30)
         assert peak <= 80, (key, value, peak)
+
+
+@pytest.mark.parametrize("flash", [True, None], ids=["flash-attn declared", "flash-attn unknown"])
+def test_estimate_check_and_fit_give_one_verdict(flash: bool | None) -> None:
+    """Qwen2.5-7B at 512+1024 tokens on 80 GiB: for every actor micro batch around the edge, estimate says 'fits'
+    exactly when --fit would propose it, and check warns exactly when it would not."""
+    base = {"data.max_prompt_length": 512, "data.max_response_length": 1024}
+    hardware = HardwareFacts(gpu_memory_gb=80, flash_attn=flash)
+    view = context(base).view
+    ctx = context(base)
+    fit = by_key(fit_knobs(type(ctx)(view, ctx.actor_arch, ctx.critic_arch, hardware)))[ACTOR]
+    largest = fit.fits_up_to
+    assert largest is not None and fit.value is not None and fit.value <= largest
+    for micro in range(max(1, largest - 4), largest + 5):
+        changed = context({**base, ACTOR: micro})
+        ctx_m = type(changed)(changed.view, changed.actor_arch, changed.critic_arch, hardware)
+        stage = estimate_memory(ctx_m).stage("actor update")
+        assert stage is not None
+        findings = run_preflight_memory(ctx_m)
+        warned = any(f.rule_id in ("memory-stage-tight", "memory-stage-out-of-memory") for f in findings)
+        assert (stage.verdict == "fits") == (micro <= largest) == (not warned), (
+            micro,
+            stage.verdict,
+            largest,
+        )
+        if micro > largest:
+            assert stage.verdict in ("does not fit", "out of memory")
+
+
+def run_preflight_memory(ctx: object) -> list[object]:
+    from verl_safe_launch.memory import memory_findings
+
+    return [f for f in memory_findings(ctx) if "actor update" in f.message]  # type: ignore[arg-type]

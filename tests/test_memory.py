@@ -43,7 +43,8 @@ def context(changes: dict[str, object] | None = None, gpu: float | None = 80) ->
     view = ConfigView(dict(view.values), view.provenance)
     actor = load_architecture(view.get(f"{ARR}.model.path"))
     critic = load_architecture(view.get("critic.model.path"))
-    return RuleContext(view, actor, critic, HardwareFacts(gpu_memory_gb=gpu))
+    # flash-attn declared: the cases below follow verl's flash-attn log-prob path unless they switch it off
+    return RuleContext(view, actor, critic, HardwareFacts(gpu_memory_gb=gpu, flash_attn=True))
 
 
 def estimate(changes: dict[str, object] | None = None, gpu: float | None = 80) -> MemoryEstimate:

@@ -19,17 +19,33 @@ def test_kv_below_one_max_model_len_sequence_fires_and_the_fix_clears_it() -> No
     (kv,) = [f for f in memory_findings(context(LLAMA_128K)) if f.rule_id == "rollout-kv-below-max-model-len"]
     assert kv.severity is Severity.ERROR
     assert kv.message == (
-        "the KV cache holds ~121311 tokens per rollout replica (gpu_memory_utilization 0.2 × 80 GiB − weights "
-        "7.5 GiB − activations 1.1 GiB, 64 KiB per token), fewer than one sequence of max_model_len 131072 "
-        "(null: the model's max_position_embeddings); vLLM refuses to start"
+        "the KV cache holds ~104927 tokens per rollout replica (gpu_memory_utilization 0.2 × 80 GiB − weights "
+        "7.5 GiB − activations 1.1 GiB − CUDA graphs 1.0 GiB, 64 KiB per token), fewer than one sequence of "
+        "max_model_len 131072 (null: the model's max_position_embeddings); vLLM refuses to start"
     )
     assert kv.fix == (
-        "actor_rollout_ref.rollout.max_model_len=1536; or actor_rollout_ref.rollout.gpu_memory_utilization=0.21"
+        "actor_rollout_ref.rollout.max_model_len=1536; or actor_rollout_ref.rollout.gpu_memory_utilization=0.22"
     )
     assert kv.keys[0] == f"{R}.max_model_len"
     fixed = ids({**LLAMA_128K, f"{R}.max_model_len": 1536})
     assert "rollout-kv-below-max-model-len" not in fixed
     assert "rollout-kv-concurrency" in fixed  # 240 sequences × 1536 tokens still do not fit at once
+
+
+def test_cuda_graphs_come_on_top_when_vllm_does_not_profile_them() -> None:
+    """vLLM >= 0.21 takes its CUDA graphs from its share; VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0 puts them
+    back on top of it, as before: the KV cache grows by the graphs' size and the rollout stage by as much."""
+    from verl_safe_launch.memory import estimate_memory
+
+    env = "ray_kwargs.ray_init.runtime_env.env_vars.VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS"
+    inside, outside = estimate_memory(context(LLAMA_128K)), estimate_memory(context({**LLAMA_128K, env: "0"}))
+    assert inside.rollout is not None and outside.rollout is not None
+    assert inside.rollout.graphs_inside and not outside.rollout.graphs_inside
+    graphs = inside.rollout.graphs_bytes
+    assert outside.rollout.kv_bytes == (inside.rollout.kv_bytes or 0) + graphs
+    inside_stage, outside_stage = inside.stage("rollout"), outside.stage("rollout")
+    assert inside_stage is not None and outside_stage is not None
+    assert abs(outside_stage.total - inside_stage.total - graphs / (1 << 30)) < 1e-6
 
 
 def test_concurrency_warning_clears_with_the_suggested_fraction() -> None:

@@ -54,6 +54,15 @@ def test_the_token_and_the_environment_decide_the_path(monkeypatch: pytest.Monke
     off = detect_hardware(none, {"VERL_DISABLE_FLASH_ATTN_CE": "1"})
     assert off.flash_attn is not None and off.flash_attn.value is False
     assert "VERL_DISABLE_FLASH_ATTN_CE=1" in off.flash_attn.source.reason
+    # whether this Python imports flash_attn says something only where the GPUs are
+    assert detect_hardware(none, {}).flash_attn is None
+    in_job = detect_hardware(
+        none, {"SLURM_JOB_ID": "1", "SLURM_GPUS_ON_NODE": "8", "SLURM_JOB_NUM_NODES": "1"}
+    )
+    assert (
+        in_job.flash_attn is not None
+        and "flash_attn is not importable in this Python" in in_job.flash_attn.source.reason
+    )
     _, bad = split_tool_tokens(cli_tokens(["hardware.flash_attn=maybe"]))
     with pytest.raises(UsageError, match=r"hardware\.flash_attn=maybe is not true or false"):
         detect_hardware(bad, {})
@@ -94,7 +103,9 @@ def test_the_assumptions_say_which_path(
     assert r.code == 0, r.err
     assert "log-probs: verl's logprobs_from_logits_v2" in r.out and "hardware.flash_attn=false" in r.out
     r = cli("estimate", "-c", example, "hardware.gpu_memory_gb=80")
-    assert "flash-attn cross-entropy assumed" in r.out
+    assert (
+        "flash-attn's cross-entropy not assumed, since nothing here tells whether the GPU nodes have" in r.out
+    )
     env = "+ray_kwargs.ray_init.runtime_env.env_vars.VERL_DISABLE_FLASH_ATTN_CE='1'"
     r = cli("estimate", "-c", example, "hardware.gpu_memory_gb=80", "hardware.flash_attn=true", env)
     assert r.code == 0, r.err
@@ -137,11 +148,13 @@ def test_gemma_softcapping_makes_another_logits_copy() -> None:
     assert got > plain  # Qwen2.5-3B has a smaller vocabulary and no softcap
 
 
-def test_an_untraced_family_gets_no_fits_while_its_band_straddles_the_gpu(tmp_path: Path) -> None:
+def test_an_untraceable_model_fits_only_when_its_whole_band_does(tmp_path: Path) -> None:
+    """transformers cannot build a model_type it does not know: the closest calibrated family (Llama) stands in,
+    with the worst error measured for its row on the other families as the band."""
     from verl_safe_launch.memory import memory_findings
 
-    shape = {  # an olmo2-typed config.json: a family no trace has measured
-        "model_type": "olmo2",
+    shape = {  # a config.json of a model_type transformers does not ship
+        "model_type": "acme_lm",
         "hidden_size": 3072,
         "num_hidden_layers": 32,
         "num_attention_heads": 32,
@@ -151,19 +164,26 @@ def test_an_untraced_family_gets_no_fits_while_its_band_straddles_the_gpu(tmp_pa
     }
     (tmp_path / "config.json").write_text(json.dumps(shape))
     ctx = context({f"{ARR}.model.path": str(tmp_path)}, True)
-    assert ctx.actor_arch is not None and ctx.actor_arch.model_type == "olmo2"
-    stage = estimate_memory(ctx).stage("old log-prob")
+    assert ctx.actor_arch is not None and ctx.actor_arch.model_type == "acme_lm"
+    est = estimate_memory(ctx)
+    stage = est.stage("old log-prob")
     assert stage is not None
-    checks = ((stage.total * 1.02, "unverified"), (stage.high + 1, "fits"), (stage.low - 1, "out of memory"))
+    assert est.terms.startswith("model code not traceable (ValueError: ")
+    assert "closest traced family 'llama' stands in" in est.terms and stage.band > 0.2
+    checks = (
+        (stage.total * 1.02, "does not fit"),
+        (stage.high + 1, "fits"),
+        (stage.low - 1, "out of memory"),
+    )
     for gpu, verdict in checks:
         hw = HardwareFacts(gpu_memory_gb=gpu, flash_attn=True)
         judged = estimate_memory(RuleContext(ctx.view, ctx.actor_arch, None, hw)).stage("old log-prob")
         assert judged is not None and judged.verdict == verdict, gpu
-        assert judged.verdict_text == f"{verdict} (family not traced)"  # every verdict says so
+        assert judged.verdict_text == f"{verdict} (model code not traced)"  # every verdict says so
     hw = HardwareFacts(gpu_memory_gb=stage.total * 1.02, flash_attn=True)
     found = memory_findings(RuleContext(ctx.view, ctx.actor_arch, None, hw))
     assert any(
-        f.rule_id == "memory-stage-unverified" and "'olmo2' has not been traced" in f.message for f in found
+        f.rule_id == "memory-stage-tight" and "'acme_lm' could not be traced" in f.message for f in found
     )
     roomy = HardwareFacts(gpu_memory_gb=stage.high * 4, flash_attn=True)
     found = memory_findings(RuleContext(ctx.view, ctx.actor_arch, None, roomy))
@@ -172,7 +192,7 @@ def test_an_untraced_family_gets_no_fits_while_its_band_straddles_the_gpu(tmp_pa
     low = HardwareFacts(gpu_memory_gb=stage.low - 1, flash_attn=True)
     found = memory_findings(RuleContext(ctx.view, ctx.actor_arch, None, low))
     assert any(
-        f.rule_id == "memory-stage-out-of-memory" and "'olmo2' has not been traced" in f.message
+        f.rule_id == "memory-stage-out-of-memory" and "'acme_lm' could not be traced" in f.message
         for f in found
     )
 

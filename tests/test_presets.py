@@ -164,7 +164,7 @@ def test_cluster_raises_tp_until_the_72b_weights_leave_kv_room() -> None:
         TP: (
             4,
             "preset cluster: the smallest TP above the preset's that fits: 33.9 GiB of weights per GPU leave the "
-            "KV cache of gpu_memory_utilization 0.5 × 80 GiB 61535 tokens ≥ 32768 (max_model_len 32768); it "
+            "KV cache of gpu_memory_utilization 0.5 × 80 GiB 48428 tokens ≥ 32768 (max_model_len 32768); it "
             "divides 8 GPUs per node and the heads (64 attention, 8 KV)",
         )
     }

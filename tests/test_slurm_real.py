@@ -146,24 +146,67 @@ def test_sbatch_reads_quoted_values_exactly(
     assert not list(tmp_path.glob("PWNED"))
 
 
+SETUP = """
+PROJECT={project}
+ENV_FILE=$PROJECT/env.sh
+cd "$PROJECT"
+eval "$(echo export VSL_EVAL_SEEN=yes)"
+source "$ENV_FILE"
+python3 prepare_data.py
+export WANDB_API_KEY=not-a-real-key-0451
+"""
+# Sourced by every step of the migrated job on its node: it records the node, the directory and what eval set.
+ENV_SH = 'echo "$SLURMD_NODENAME $PWD ${{VSL_EVAL_SEEN:-unset}}" >> "{project}/setup-ran"\n'
+
+
 def test_migrated_two_node_job_runs_preflight_and_ray(
     slurm: SlurmCluster, ray_root: Path, tmp_path: Path, cli: Callable[..., CliResult]
 ) -> None:
-    """verl's Ray-on-Slurm sample (nodes_array bug, fixed sleeps, trainer.nnodes=4 on 2 nodes) → migrate → job."""
-    original = DATA / "sbatch" / "two_nodes_small.sbatch"
+    """verl's Ray-on-Slurm sample (nodes_array bug, fixed sleeps, trainer.nnodes=4 on 2 nodes), with set-up lines
+    before it (cd, eval, source of a file named by a variable, a data step, a secret) → migrate → a job whose every
+    step runs the set-up on its node; the data step and the secret are named, not carried over."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "env.sh").write_text(ENV_SH.format(project=project))
+    header, _, body = (DATA / "sbatch" / "two_nodes_small.sbatch").read_text().partition("\nnodes=")
+    original = tmp_path / "two_nodes_setup.sbatch"
+    original.write_text(header + SETUP.format(project=project) + "\nnodes=" + body)
     assert cli("audit", str(original)).code == 1
     migrated = cli("migrate", str(original), "-o", f"{tmp_path}/")
     assert migrated.code == 0, migrated.err
+    numbers = {line: n for n, line in enumerate(original.read_text().splitlines(), 1)}
+    data_step, secret = (
+        numbers["python3 prepare_data.py"],
+        numbers["export WANDB_API_KEY=not-a-real-key-0451"],
+    )
+    assert f"not carried over: python3 prepare_data.py (line {data_step}): a step of its own" in migrated.err
+    assert (
+        f"not carried over: line {secret}: it sets a secret, which never goes into a job file" in migrated.err
+    )
+    assert "not-a-real-key-0451" not in migrated.out + migrated.err
     words = shlex.split(migrated.out)
     assert words[:6] == ["verl-safe-launch", "slurm", "--nodes", "2", "--gpus-per-node", "2"]
+    setup = [words[i + 1] for i, w in enumerate(words) if w == "--setup"]
+    assert setup == [
+        f"PROJECT={project}",
+        "ENV_FILE=$PROJECT/env.sh",
+        'cd "$PROJECT"',
+        'eval "$(echo export VSL_EVAL_SEEN=yes)"',
+        'source "$ENV_FILE"',
+    ]
     at = words.index("-o")
     here = ["--run-arg=--dry-run", "--setup", f"export PATH={VENV_BIN}:$PATH", "--join-timeout", "400"]
     written = cli(*words[1:at], *here, *words[at:])
     assert written.code == 0, written.out + written.err
+    assert "not-a-real-key" not in Path(words[at + 1]).read_text()
     job = submit(slurm, Path(words[at + 1]), ray_root)
     assert (job.state, job.exit_code) == ("COMPLETED", 0), job.log
     lines = job.log.splitlines()
     assert "  trainer.nnodes          = 2  matches Slurm allocation, SLURM_JOB_NUM_NODES=2" in lines
     assert "Ray cluster ready: 2/2 nodes joined: n1 (2 GPU, 16 CPU), n2 (2 GPU, 16 CPU)" in lines
     assert job.log.index("allocation seen by the pre-flight") < job.log.index("vsl: Ray head on n1")
+    seen = set((project / "setup-ran").read_text().splitlines())
+    assert {f"n1 {project} yes", f"n2 {project} yes"} <= seen and all(
+        line.endswith(f"{project} yes") for line in seen
+    )
     assert ray_processes(ray_root) == []

@@ -19,11 +19,13 @@ class VisionTower:
     temporal_patch_size: int = 2
     spatial_merge_size: int = 2
     in_channels: int = 3
+    pooling: int = 1
+    """Patches averaged into one token after the tower (Gemma-3 pools 64×64 patches to 16×16 tokens)."""
 
     @property
     def merge(self) -> int:
-        """Patches merged into one language-model token."""
-        return self.spatial_merge_size**2
+        """Patches per language-model token: merged (Qwen2/2.5-VL) or pooled (Gemma-3)."""
+        return self.spatial_merge_size**2 * self.pooling
 
     @property
     def block_params(self) -> int:
@@ -35,10 +37,74 @@ class VisionTower:
     @property
     def params(self) -> int:
         """Patch embedding, the blocks, and the merger into the language model's width."""
-        hv, wide = self.hidden_size, self.hidden_size * self.merge
+        hv, wide = self.hidden_size, self.hidden_size * self.spatial_merge_size**2
         embed = self.in_channels * self.temporal_patch_size * self.patch_size**2 * hv
         merger = hv + wide * wide + wide + wide * self.out_hidden_size + self.out_hidden_size
         return embed + self.depth * self.block_params + merger
+
+
+@dataclass(frozen=True)
+class PassTerms:
+    """Bytes per token of one kind of pass, traced on the model's own modules (one layer of each kind).
+
+    Per traced layer ``k``: ``base`` is alive before the first layer (embedding output, rotary tables),
+    ``steady`` entering a later layer of a forward-only pass; ``saved[k]`` is what the layer leaves alive for the
+    next (its output, what it saved for backward), ``layer[k]`` its peak above what is alive when it starts
+    (forward only) or above the saved prefix
+    (backward), ``rise[k]`` its forward peak above what is alive when it starts; ``head`` the peak after the
+    last layer above what the layers keep, the logits apart, and ``logit_extra`` the model's own full-vocabulary
+    copies beyond the plain bf16 logits (bytes per vocabulary entry).
+    """
+
+    base: float
+    steady: float
+    saved: tuple[float, ...]
+    layer: tuple[float, ...]
+    rise: tuple[float, ...]
+    head: float
+    logit_extra: float
+
+
+@dataclass(frozen=True)
+class TracedTerms:
+    """What a trace of the model's own code gives the memory model: bytes per token per pass, exact parameters."""
+
+    slots: tuple[int, ...]
+    """For each decoder layer, the traced layer whose terms it takes: the first layer its own, every other the
+    layer traced for its kind (sliding or global attention, dense or mixture-of-experts...)."""
+    kinds: int
+    forward: PassTerms
+    checkpointed: PassTerms
+    full: PassTerms
+    params: int
+    vision_params: int
+    head_params: int
+    """The LM head's own parameters (0 when tied to the embedding)."""
+    slot_params: tuple[int, ...]
+    model_class: str
+    seconds: float
+    cached: bool = False
+    path: str = ""
+
+    def describe(self) -> str:
+        """How the terms were obtained, for the assumptions."""
+        kinds = self.kinds
+        what = f"{self.model_class}, {len(self.slots)} layers of {kinds} kind{'s' if kinds > 1 else ''}"
+        when = (
+            f"{self.seconds:.1f} s, cached"
+            if not self.cached
+            else f"cached, {self.seconds:.1f} s when derived"
+        )
+        return f"derived from the model code ({what}; {when})"
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """One RoPE scaling entry of config.json (``rope_scaling``, or one layer type's ``rope_parameters``)."""
+
+    rope_type: str
+    factor: float | None = None
+    original_max_position_embeddings: int | None = None
 
 
 @dataclass(frozen=True)
@@ -72,6 +138,15 @@ class Architecture:
     qk_nope_head_dim: int = 0
     v_head_dim: int = 0
     vision: VisionTower | None = None
+    traced: TracedTerms | None = field(default=None, compare=False, repr=False)
+    """Terms derived from a trace of the model's own code (None: a calibrated family, or not derived yet)."""
+    config_json: str = field(default="", compare=False, repr=False)
+    """The config.json mapping as read (canonical JSON), from which the model's code can be built."""
+    config_type: str = ""
+    """The config.json's own model_type (a vision-language model's, where ``model_type`` is its text model's)."""
+    length_keys: tuple[tuple[str, int], ...] = ()
+    """Every key of the text config that states a maximum length (``max_position_embeddings``, ``seq_length``...)."""
+    rope_scaling: tuple[RopeScaling, ...] = ()
 
     @property
     def mla(self) -> bool:
@@ -136,7 +211,10 @@ class Architecture:
 
     @property
     def params(self) -> int:
-        """Parameter count from the shapes (MoE experts counted in full, first-k dense layers dense)."""
+        """Parameter count: counted on the model built from its code when traced, else from the shapes (MoE
+        experts counted in full, first-k dense layers dense, a tied head once)."""
+        if self.traced is not None:
+            return self.traced.params
         h, v = self.hidden_size, self.vocab_size
         norms = 4 * h if self.model_type.startswith("gemma") and self.model_type != "gemma" else 2 * h
         dense = self.num_hidden_layers - self.moe_layers

@@ -10,8 +10,6 @@ from verl_safe_launch.backends.bringup import LAUNCH_MARKERS
 from verl_safe_launch.config_view import ConfigView
 from verl_safe_launch.shell import GPU_OPTIONS, SLURM_VERB_OPTIONS, Command, Directive, JobScript
 
-_SETUP_COMMANDS = frozenset({"module", "ml", "source", ".", "conda", "mamba", "micromamba", "spack"})
-
 
 @dataclass(frozen=True)
 class JobMigration:
@@ -54,7 +52,9 @@ def plan_job(job: JobScript, view: ConfigView | None) -> JobMigration:
         directive = alloc.last(flag)
         if directive is not None and directive.value:
             options += [flag, directive.value]
-    options += [arg for line in setup_lines(job) for arg in ("--setup", line)]
+    setup = read_setup(job)
+    options += [arg for line in setup.lines for arg in ("--setup", line)]
+    notes += setup.notes
     container, container_notes = find_container(job)
     options += container
     notes += container_notes
@@ -81,21 +81,127 @@ def extras(job: JobScript) -> list[Directive]:
     return sorted(out, key=lambda d: d.line)
 
 
+SETUP_COMMANDS = frozenset(
+    {"module", "ml", "source", ".", "conda", "mamba", "micromamba", "spack", "eval", "cd", "pushd", "export"}
+    | {"ulimit", "umask", "unset"}
+)
+"""Commands that prepare a step's environment: carried over as ``--setup`` lines, run first in every step."""
+_SECRET_PARTS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL")
+_VARIABLE = re.compile(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)")
+
+
+@dataclass(frozen=True)
+class Setup:
+    """The job's set-up, read up to its launch: the lines carried over, and a note for each one left out."""
+
+    lines: tuple[str, ...]
+    notes: tuple[str, ...]
+
+
 def setup_lines(job: JobScript) -> list[str]:
-    """Environment set-up the steps need (module load, source/conda activate, plain exports), as written."""
-    lines: list[str] = []
-    for command in job.commands:
-        if command.name in ("srun", "ray") or command.has("ray", "start"):
-            break
-        if not command.top_level or command.background:
-            continue
-        if command.name in _SETUP_COMMANDS or (
-            command.name == "export"
-            and all("=" in r and not re.search(r"[$`]", r) for r in command.raws[1:])
-            and len(command.raws) > 1
+    """The set-up lines carried over into ``--setup`` (see ``read_setup``)."""
+    return list(read_setup(job).lines)
+
+
+def read_setup(job: JobScript) -> Setup:
+    """Every command before the launch (the first ``srun``, ``ray`` or verl command): environment set-up is kept,
+    with the variables it reads; everything else is named, grouped by why it is left out."""
+    count = _launch_index(job)
+    before, after = list(job.commands[:count]), list(job.commands[count:])
+    kept = [c for c in before if _is_setup(c) and not _secret(c)]
+    wanted = _needed(kept, before)
+    kept += [c for c in before if _assigns(c) & wanted and c not in kept]
+    dropped = [c for c in before if c not in kept]
+    return Setup(tuple(c.text for c in sorted(kept, key=lambda c: c.line)), tuple(_notes(dropped, after)))
+
+
+def _launch_index(job: JobScript) -> int:
+    for index, command in enumerate(job.commands):
+        if command.name in ("srun", "ray", "sbatch") or any(
+            m in w for w in command.words for m in LAUNCH_MARKERS
         ):
-            lines.append(command.text)
-    return lines
+            return index
+    return len(job.commands)
+
+
+def _is_setup(command: Command) -> bool:
+    if not command.top_level or command.background or command.name not in SETUP_COMMANDS:
+        return False
+    return command.name != "export" or all("=" in r for r in command.raws[1:])  # `export NAME` sets nothing
+
+
+_DECLARE = ("export", "declare", "readonly")
+
+
+def _assigns(command: Command) -> set[str]:
+    """The variables a plain ``NAME=value`` line (or ``export NAME``) sets; empty for any other command."""
+    if not command.top_level:
+        return set()
+    if command.name in _DECLARE:
+        return {name for r in command.raws[1:] if (name := r.partition("=")[0]).isidentifier()}
+    if len(command.raws) == 1:
+        name, eq, _ = command.raws[0].partition("=")
+        return {name} if eq and name.isidentifier() else set()
+    return set()
+
+
+def _secret(command: Command) -> bool:
+    names = [r.partition("=")[0] for r in command.raws[int(command.name == "export") :] if "=" in r]
+    return any(part in name.upper() for name in names for part in _SECRET_PARTS)
+
+
+def _needed(kept: list[Command], before: list[Command]) -> set[str]:
+    """The variables the kept lines read, and those the assignments of them read in turn."""
+    assignments = {name: c for c in before for name in _assigns(c) if not _secret(c)}
+    wanted: set[str] = set()
+    todo = [name for c in kept for name in _VARIABLE.findall(c.text)]
+    while todo:
+        name = todo.pop()
+        if name in wanted or name not in assignments:
+            continue
+        wanted.add(name)
+        todo += _VARIABLE.findall(assignments[name].text)
+    return wanted
+
+
+_OUTPUT_ONLY = frozenset(
+    {"echo", "printf", "date", "hostname", "nvidia-smi", "sleep", "env", "printenv", "pwd"}
+)
+
+
+def _notes(dropped: list[Command], after: list[Command]) -> list[str]:
+    """Why each left-out line is left out; the usual kinds (values, Ray bring-up, output) one note each."""
+    launches = [c for c in after if any(m in w for w in c.words for m in LAUNCH_MARKERS)]
+    launch_reads = {name for c in launches for name in _VARIABLE.findall(c.text)}
+    groups: dict[str, list[Command]] = {}
+    notes: list[str] = []
+    for command in dropped:
+        names = _assigns(command)
+        if _secret(command):
+            notes.append(
+                f"not carried over: line {command.line}: it sets a secret, which never goes into a job file; export "
+                "it in the shell you submit from (sbatch passes the environment on)"
+            )
+        elif names and names & launch_reads:
+            groups.setdefault("the launch read them; their values are in the YAML", []).append(command)
+        elif names:
+            groups.setdefault("no set-up line reads them (the job brings Ray up itself)", []).append(command)
+        elif command.name in _OUTPUT_ONLY:
+            groups.setdefault("output and waits only", []).append(command)
+        elif not command.top_level or command.background:
+            kind = "runs in the background" if command.background else "is inside an if, case or loop"
+            notes.append(
+                f"not carried over: {command.text} (line {command.line}): it {kind}; add it with --setup if every step needs it"
+            )
+        else:
+            notes.append(
+                f"not carried over: {command.text} (line {command.line}): a step of its own, not environment set-up; "
+                "run it before submitting, or add it with --setup if every step on every node must run it"
+            )
+    for why, commands in groups.items():
+        what = ", ".join(f"{'/'.join(sorted(_assigns(c))) or c.name} (line {c.line})" for c in commands)
+        notes.insert(0, f"not carried over, {why}: {what}")
+    return notes
 
 
 def find_container(job: JobScript) -> tuple[list[str], list[str]]:
@@ -170,4 +276,13 @@ def _unresolved(image: str, command: Command) -> list[str]:
     return []
 
 
-__all__ = ["JobMigration", "extras", "find_container", "plan_job", "setup_lines"]
+__all__ = [
+    "SETUP_COMMANDS",
+    "JobMigration",
+    "Setup",
+    "extras",
+    "find_container",
+    "plan_job",
+    "read_setup",
+    "setup_lines",
+]

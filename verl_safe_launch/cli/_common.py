@@ -92,9 +92,10 @@ def compose_from_args(ns: argparse.Namespace, args: Sequence[str], offset: int) 
 
 
 def compose_for_allocation(
-    ns: argparse.Namespace, args: Sequence[str], offset: int
+    ns: argparse.Namespace, args: Sequence[str], offset: int, verb: str
 ) -> tuple[Composed, HardwareProfile]:
-    """Compose for the declared allocation only: nothing is read from the machine this runs on."""
+    """Compose for the declared allocation only: nothing is read from the machine this runs on. The config must
+    use all of it (the job ``verb`` writes asks for exactly that)."""
     overrides = list(ns.overrides)
     for text in overrides:
         if text.split("=", 1)[0] in ("hardware.nodes", "hardware.gpus_per_node"):
@@ -112,6 +113,7 @@ def compose_for_allocation(
         )
     )
     tool_profile = detect_hardware(split_tool_tokens(tokens)[1], env={DETECT_ENV: "0"})
+    tool_profile = replace(tool_profile, allocation_for=verb)
     request = replace(base, overrides=tokens, fills=hardware_fills(tool_profile))
     return compose_with_preset(request, tool_profile), tool_profile
 

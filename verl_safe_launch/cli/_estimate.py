@@ -18,7 +18,9 @@ from verl_safe_launch.memory import (
     StageEstimate,
     estimate_memory,
     fit_knobs,
+    fit_notes,
     memory_findings,
+    verdict_notes,
 )
 from verl_safe_launch.preflight import rechecked, rule_context
 from verl_safe_launch.presets import compose_for_launch
@@ -130,7 +132,8 @@ def render(ctx: RuleContext, est: MemoryEstimate, fits: Sequence[KnobFit], fit: 
     lines = [
         f"GPU memory per GPU (GiB) for {arch.name if arch else '?'} ({arch.source if arch else ''}); GPU: {gpus}"
     ]
-    lines += ["", *table(est), *(f"note: {n}" for n in est.notes), "", "peaks:"]
+    notes = [*est.notes, *verdict_notes(ctx, est)]
+    lines += ["", *table(est), *(f"note: {n}" for n in notes), "", "peaks:"]
     for s in est.stages:
         lines.append(f"  {s.name:<13} {s.phase}; {s.batch}")
         if s.phases:
@@ -143,7 +146,7 @@ def render(ctx: RuleContext, est: MemoryEstimate, fits: Sequence[KnobFit], fit: 
     if findings:
         lines += ["", *(render_finding(f) for f in findings)]
     if fit:
-        lines += ["", *fit_lines(fits, est.margin)]
+        lines += ["", *fit_lines(fits, est.margin), *(f"note: {n}" for n in fit_notes(ctx, fits, est.margin))]
     return "\n".join(lines) + "\n"
 
 

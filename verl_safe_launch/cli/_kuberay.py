@@ -73,7 +73,7 @@ def main(args: Sequence[str], offset: int) -> int:
     name = check_name(ns.name)
     check_reference(ns.namespace, "--namespace")
     check_reference(ns.service_account, "--service-account")
-    composed, profile = compose_for_allocation(ns, args, offset)
+    composed, profile = compose_for_allocation(ns, args, offset, "kuberay")
     pre = launch_preflight(composed, "kuberay", profile)
     print(render_findings_text(pre.findings).rstrip("\n"))
     if not pre.ok:

@@ -134,8 +134,9 @@ def _check_model(cfg: Any, plan: LaunchPlan) -> None:
     """A local Ray loads the model on this machine: stop before Ray starts if it cannot be loaded here."""
     from verl_safe_launch.launch import model_access_error
 
-    path = cfg.actor_rollout_ref.model.get("path")
-    error = model_access_error(str(path), os.environ, plan.run_dir) if path else None
+    model = cfg.actor_rollout_ref.model
+    path, trust = model.get("path"), bool(model.get("trust_remote_code", False))
+    error = model_access_error(str(path), os.environ, plan.run_dir, trust) if path else None
     if error is not None:
         raise error
 

@@ -122,7 +122,7 @@ def _write_job(args: Sequence[str], offset: int) -> int:
     config = _config_path(script)
     for path in (script, config):
         check_target(path, force=ns.force, inputs=ns.config, where="command line (-o)")
-    composed, profile = compose_for_allocation(ns, args, offset)
+    composed, profile = compose_for_allocation(ns, args, offset, "slurm")
     pre = launch_preflight(composed, "slurm", profile)
     cpus, cpu_finding = cpus_per_task(composed.view, ns.cpus_per_task, ns.nodes)
     findings = [*pre.findings, *([cpu_finding] if cpu_finding else [])]

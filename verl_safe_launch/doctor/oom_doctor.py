@@ -10,6 +10,12 @@ from typing import Any
 from verl_safe_launch.config_view import ARR, format_value
 from verl_safe_launch.context import RuleContext
 from verl_safe_launch.doctor.oom_log import HOST, KV_CACHE, RAY_TASK_KIND, ROLLOUT, WAKE_UP, OomEvent
+from verl_safe_launch.doctor.oom_remedies import (
+    BUDGET_DEFAULTS,
+    dynamic_batching,
+    expandable_segments,
+    role_of,
+)
 from verl_safe_launch.doctor.postmortem import ESTIMATOR_STAGE, MARGIN
 from verl_safe_launch.launch import STAGE_BY_NAME
 from verl_safe_launch.memory import StageEstimate, estimate_memory, fit_knobs
@@ -88,6 +94,11 @@ def diagnose(event: OomEvent, ctx: RuleContext, record: Mapping[str, Any] | None
     before = _stage(ctx, name) if name else None
     if event.kind == RAY_TASK_KIND:
         notes.append("torch's message is in the worker's log: pass the run directory to measure the failure")
+    if event.own_pid is not None:
+        notes.append(
+            f"process {event.own_pid} in torch's list is the failing process itself ({event.in_use_gib:g} GiB in "
+            "use; torch lists it by the driver's process id, as inside a container)"
+        )
     if event.other_process_gib > (event.in_use_gib or 0.0):
         return _other_process(event, name, before)
     if before is None:
@@ -117,7 +128,7 @@ def diagnose(event: OomEvent, ctx: RuleContext, record: Mapping[str, Any] | None
     elif event.kind == WAKE_UP:
         remedies = _wake_remedies(ctx, before)
     else:
-        remedies = _remedies(ctx, name, before, scale, knob, event.in_entropy)
+        remedies = _remedies(ctx, name, before, scale, knob, event.in_entropy, event)
     value = ctx.view.get(knob) if knob else None
     return Diagnosis(event, name, knob, value, before.total, scale, remedies, tuple(notes))
 
@@ -245,13 +256,30 @@ Change = Mapping[str, object]
 
 
 def _remedies(
-    ctx: RuleContext, name: str, before: StageEstimate, scale: float, knob: str | None, entropy: bool = False
+    ctx: RuleContext,
+    name: str,
+    before: StageEstimate,
+    scale: float,
+    knob: str | None,
+    entropy: bool = False,
+    event: OomEvent | None = None,
 ) -> tuple[Remedy, ...]:
     start = scaled(before, scale)
     found: list[Remedy] = []
     fitted = _fitted(ctx, name, scale, knob, start)
     if fitted is not None:
         found.append(fitted)
+    gpu = ctx.hardware.gpu_memory_gb or 0.0
+
+    def peak_after(changes: Change) -> float | None:
+        after = _stage_after(ctx, name, changes)
+        peak = scaled(after, scale) if after is not None else None
+        return peak if peak is not None and peak * (1 + MARGIN) <= gpu else None
+
+    role_items = [dynamic_batching(ctx, name, start, peak_after)]
+    if event is not None and name != ROLLOUT:  # vLLM's own allocator does not take expandable segments
+        role_items.append(expandable_segments(ctx, event, start))
+    found += [Remedy(*item) for item in role_items if item is not None and item[1] >= MIN_FREED_GIB]
     for changes, why in _candidates(ctx, name, entropy):
         after = _stage_after(ctx, name, changes)
         if after is None:
@@ -278,6 +306,7 @@ def _fitted(ctx: RuleContext, name: str, scale: float, knob: str | None, start: 
     """The stage's micro batch (or token budget) below the failing value: the largest that fits the scaled model
     with the margin and passes every rule."""
     current = ctx.view.get(knob) if knob else None
+    current = BUDGET_DEFAULTS.get(knob or "") if current is None else current
     gpu = ctx.hardware.gpu_memory_gb
     if (
         knob is None
@@ -343,13 +372,15 @@ def _candidates(ctx: RuleContext, name: str, entropy: bool = False) -> list[tupl
     """The article's checklist as changes to this config (only those that change something)."""
     view = ctx.view
     out: list[tuple[Change, str]] = []
+    role = role_of(name)
     if entropy and name == "actor update" and view.get(ENTROPY_CHECKPOINTING) is not True:
         out.append(({ENTROPY_CHECKPOINTING: True}, "recompute the entropy in backward instead of keeping it"))
-    if not all(view.get(k) is True for k in OFFLOAD):
-        out.append(({k: True for k in OFFLOAD}, "keep the actor's parameters and optimizer in CPU memory"))
-    if view.get(CHECKPOINTING) is False:
-        out.append(({CHECKPOINTING: True}, "recompute activations in backward"))
-    if view.get(CHUNKING) is not True and name != ROLLOUT:
+    for whose, keys in role.offloads:
+        if not all(view.get(k) is True for k in keys):
+            out.append(({k: True for k in keys}, f"keep {whose} parameters and optimizer in CPU memory"))
+    if role.checkpointing and view.get(role.checkpointing) is False:
+        out.append(({role.checkpointing: True}, "recompute activations in backward"))
+    if role.chunking and view.get(CHUNKING) is not True and name != ROLLOUT:
         out.append(({CHUNKING: True}, "compute entropy in chunks instead of over all logits"))
     response = view.get(RESPONSE)
     if isinstance(response, int) and response >= 256:

@@ -12,41 +12,62 @@ from pathlib import Path
 from verl_safe_launch.launch import STAGES
 
 # torch >= 2.1: "CUDA out of memory. Tried to allocate 13.91 GiB. GPU 0 has a total capacity of 79.11 GiB of which
-# 6.56 GiB is free. ... this process has 72.54 GiB memory in use."
+# 6.56 GiB is free. ... this process has 72.54 GiB memory in use." Inside a container torch may not find its own
+# process among the driver's ("this process has 0 bytes", or no such sentence) and lists it as "Process N has".
+SIZE = r"[\d.]+ (?:[GMK]iB|bytes)"
 TORCH_OOM = re.compile(
-    r"CUDA out of memory\. Tried to allocate (?P<tried>[\d.]+) (?P<tu>[GMK]iB)\. GPU (?P<gpu>\d+) has a total "
-    r"capac(?:i)?ty of (?P<total>[\d.]+) (?P<xu>[GMK]iB) of which (?P<free>[\d.]+) (?P<fu>[GMK]iB) is free\."
-    r"(?:.*?[Tt]his process has (?P<used>[\d.]+) (?P<uu>[GMK]iB) memory in use)?"
+    r"CUDA out of memory\. Tried to allocate (?P<tried>[\d.]+) (?P<tu>[GMK]iB|bytes)\. GPU (?P<gpu>\d+) has a "
+    r"total capac(?:i)?ty of (?P<total>[\d.]+) (?P<xu>[GMK]iB) of which (?P<free>[\d.]+) (?P<fu>[GMK]iB|bytes) "
+    r"is free\.(?:.*?this process has (?P<used>[\d.]+) (?P<uu>[GMK]iB|bytes) memory in use)?",
+    re.I,
 )
+# "Of the allocated memory 60.49 GiB is allocated by PyTorch, [with 3.80 GiB allocated in private pools (e.g., CUDA
+# Graphs),] and 6.77 GiB is reserved by PyTorch but unallocated."
+TORCH_POOL = re.compile(
+    rf"Of the allocated memory (?P<alloc>{SIZE}) is allocated by PyTorch,.*?(?P<spare>{SIZE}) is reserved by "
+    r"PyTorch but unallocated",
+    re.I,
+)
+FRAGMENTATION_MIN_GIB = 1.0
+FRAGMENTATION_SHARE = 0.05
+"""Reserved-but-unallocated memory above 1 GiB that, with the free memory, would have held the failed allocation,
+or above 5% of the GPU, is the caching allocator's fragmentation (expandable segments reclaim it)."""
+NON_PYTORCH_MAX_GIB = 6.0
+"""What a process holds beyond PyTorch's pool, at most (CUDA context, NCCL and cuBLAS workspaces, a sleeping
+inference engine's handles): the listed process holding PyTorch's pool plus no more than this is the one failing."""
 # torch < 2.1: "Tried to allocate 2.00 GiB (GPU 0; 79.35 GiB total capacity; 75.10 GiB already allocated; ...)"
 TORCH_OOM_OLD = re.compile(
     r"CUDA out of memory\. Tried to allocate (?P<tried>[\d.]+) (?P<tu>[GMK]iB) \(GPU (?P<gpu>\d+); "
     r"(?P<total>[\d.]+) (?P<xu>[GMK]iB) total capacity; (?P<used>[\d.]+) (?P<uu>[GMK]iB) already allocated; "
-    r"(?P<free>[\d.]+) (?P<fu>[GMK]iB) free"
+    r"(?P<free>[\d.]+) (?P<fu>[GMK]iB) free",
+    re.I,
 )
-# "Process 4711 has 77.91 GiB memory in use": another process on the same GPU (torch lists each one it sees).
-OTHER_PROCESS = re.compile(r"Process (?P<pid>\d+) has (?P<used>[\d.]+) (?P<uu>[GMK]iB) memory in use")
+# "Process 4711 has 77.91 GiB memory in use": a process on the same GPU (torch lists each one the driver reports;
+# the failing process itself among them when torch does not recognise its own, as inside containers).
+OTHER_PROCESS = re.compile(
+    r"Process (?P<pid>\d+) has (?P<used>[\d.]+) (?P<uu>[GMK]iB|bytes) memory in use", re.I
+)
 KV_CACHE, WAKE_UP, HOST, RAY_TASK_KIND = "kv-cache", "wake-up", "host", "ray-task"
 # The inference engine could not place its KV cache (these stop the rollout server from starting), or could not
 # map its memory back when it woke up for the next rollout.
 ENGINE_ERRORS: tuple[tuple[re.Pattern[str], str, str], ...] = (
     (
-        re.compile(r"No available memory for the cache blocks"),
+        re.compile(r"No available memory for the cache blocks", re.I),
         "vLLM found no memory left for the KV cache",
         KV_CACHE,
     ),
     (
-        re.compile(r"To serve at least one request with the models?'?s max seq len \((?P<len>\d+)\)"),
+        re.compile(r"To serve at least one request with the models?'?s max seq len \((?P<len>\d+)\)", re.I),
         "vLLM's KV cache is smaller than one sequence of max_model_len",
         KV_CACHE,
     ),
     (
-        re.compile(r"Free memory on device .* is less than desired GPU memory utilization"),
+        re.compile(r"Free memory on device .* is less than desired GPU memory utilization", re.I),
         "vLLM found less free memory than gpu_memory_utilization asks for (the trainer still holds some)",
         KV_CACHE,
     ),
     (
-        re.compile(r"Not enough memory\. Please try to increase --mem-fraction-static"),
+        re.compile(r"Not enough memory\. Please try to increase --mem-fraction-static", re.I),
         "SGLang's KV-cache pool does not fit in its memory fraction",
         KV_CACHE,
     ),
@@ -56,7 +77,9 @@ ENGINE_ERRORS: tuple[tuple[re.Pattern[str], str, str], ...] = (
         KV_CACHE,
     ),
     (
-        re.compile(r"CUDA Error: out of memory at \S*cumem_allocator\.cpp"),
+        # "CUDA Error: out of memory at /workspace/csrc/cumem_allocator.cpp:62", "cuda error: out of memory at ...",
+        # "CUDA error: out of memory      cumem_allocator.cpp:139"
+        re.compile(r"CUDA Error: out of memory\s+(?:at\s+)?\S*cumem_allocator\.cpp", re.I),
         "vLLM could not map its memory back at wake-up (cumem_allocator): its gpu_memory_utilization share and "
         "what the trainer still holds do not fit the GPU together",
         WAKE_UP,
@@ -64,10 +87,10 @@ ENGINE_ERRORS: tuple[tuple[re.Pattern[str], str, str], ...] = (
 )
 # Ray's memory monitor killed a worker: the node's host memory ran out, not the GPU's.
 RAY_HOST_OOM = re.compile(
-    r"ray\.exceptions\.OutOfMemoryError: Task was killed due to the node running low on memory"
+    r"ray\.exceptions\.OutOfMemoryError: Task was killed due to the node running low on memory", re.I
 )
 # A worker's out-of-memory error re-raised by Ray in the driver (torch's own message is in the worker's log).
-RAY_TASK_OOM = re.compile(r"RayTaskError\(OutOfMemoryError\): ray::")
+RAY_TASK_OOM = re.compile(r"RayTaskError\(OutOfMemoryError\): ray::", re.I)
 ENTROPY_FRAMES = ("entropy_from_logits",)
 LOOKAHEAD = 40  # lines below Ray's host-memory error that list the workers it killed
 ROLLOUT = "rollout"
@@ -90,7 +113,7 @@ MAX_LINE = 64 << 10
 """Bytes of one log line matched at once; a longer line is read (and matched) in pieces of this size."""
 MAX_EVENTS = 1000
 """Distinct out-of-memory errors kept from the logs (the first is diagnosed; the rest are counted up to this)."""
-UNITS = {"GiB": 1.0, "MiB": 1 / 1024, "KiB": 1 / (1 << 20)}
+UNITS = {"gib": 1.0, "mib": 1 / 1024, "kib": 1 / (1 << 20), "bytes": 1 / (1 << 30)}
 
 
 @dataclass(frozen=True)
@@ -112,6 +135,13 @@ class OomEvent:
     """Other processes on the same GPU and what each holds (torch's "Process N has X GiB memory in use")."""
     in_entropy: bool = False
     """The traceback runs through verl's entropy_from_logits."""
+    pytorch_gib: float | None = None
+    """What PyTorch's allocator had handed out ("Of the allocated memory X is allocated by PyTorch")."""
+    unallocated_gib: float | None = None
+    """What PyTorch had reserved but not handed out: memory the allocator could not use (fragmentation)."""
+    own_pid: int | None = None
+    """The failing process's entry in torch's list, when torch did not recognise its own process (inside a
+    container) and listed it as any other: its memory in use is that entry's."""
 
     @property
     def other_process_gib(self) -> float:
@@ -132,6 +162,20 @@ class OomEvent:
         )
 
     @property
+    def fragmented(self) -> bool:
+        """PyTorch held enough reserved-but-unallocated memory that, with the free memory, the failed allocation
+        would have fit in one piece (or a large share of the GPU sat in its cache unused)."""
+        spare = self.unallocated_gib or 0.0
+        if spare < FRAGMENTATION_MIN_GIB:
+            return False
+        fits = (
+            self.tried_gib is not None
+            and self.free_gib is not None
+            and spare + self.free_gib >= self.tried_gib
+        )
+        return fits or (self.total_gib is not None and spare >= FRAGMENTATION_SHARE * self.total_gib)
+
+    @property
     def needed_gib(self) -> float | None:
         """What the process needed at the failure, at least: memory in use plus the allocation that failed."""
         if self.in_use_gib is None or self.tried_gib is None:
@@ -146,11 +190,20 @@ def method_stages() -> dict[str, str]:
 
 
 def _gib(value: str | None, unit: str | None) -> float | None:
-    return None if value is None else round(float(value) * UNITS.get(unit or "GiB", 1.0), 3)
+    return None if value is None else round(float(value) * UNITS.get((unit or "GiB").lower(), 1.0), 3)
+
+
+def _size(text: str | None) -> float | None:
+    """``"6.77 GiB"`` or ``"0 bytes"`` in GiB."""
+    if text is None:
+        return None
+    value, unit = text.split()
+    return _gib(value, unit)
 
 
 def _torch_event(match: re.Match[str], where: str, line: str) -> OomEvent:
     g = match.groupdict()
+    pool = TORCH_POOL.search(line)
     return OomEvent(
         where,
         line.strip(),
@@ -165,6 +218,8 @@ def _torch_event(match: re.Match[str], where: str, line: str) -> OomEvent:
         others_gib=tuple(
             (int(m["pid"]), _gib(m["used"], m["uu"]) or 0.0) for m in OTHER_PROCESS.finditer(line)
         ),
+        pytorch_gib=_size(pool["alloc"]) if pool else None,
+        unallocated_gib=_size(pool["spare"]) if pool else None,
     )
 
 
@@ -248,22 +303,37 @@ def _complete(found: _Pending) -> OomEvent:
     if any(FRAME.search(x) and any(f in x for f in ENTROPY_FRAMES) for x in above):
         event = dataclasses.replace(event, in_entropy=True)
     if event.others_gib:
-        event = dataclasses.replace(event, others_gib=_others(event, above))
+        event = _own_entry(event, above)
     return event
 
 
 PID = re.compile(r"\bpid=(\d+)")
 
 
-def _others(event: OomEvent, above: Sequence[str]) -> tuple[tuple[int, float], ...]:
-    """The processes torch lists on the GPU minus the failing one (its pid in Ray's prefix or task error, or
-    the entry holding exactly what torch says this process holds)."""
+def _own_entry(event: OomEvent, above: Sequence[str]) -> OomEvent:
+    """The processes torch lists on the GPU minus the failing one, which is found by its pid in Ray's prefix or
+    task error, or as the entry holding exactly what torch says this process holds, or, when torch did not
+    recognise its own process (inside a container: no "this process has", or "0 bytes"), as the entry holding
+    PyTorch's pool plus at most ``NON_PYTORCH_MAX_GIB``. That entry becomes the process's memory in use."""
     own = {int(m) for line in above for m in PID.findall(line)}
-    rest = [(pid, gib) for pid, gib in event.others_gib if pid not in own]
-    if len(rest) == len(event.others_gib):
-        same = next((i for i, (_, gib) in enumerate(rest) if gib == event.in_use_gib), None)
-        rest = [x for i, x in enumerate(rest) if i != same]
-    return tuple(rest)
+    entries = list(event.others_gib)
+    index = next((i for i, (pid, _) in enumerate(entries) if pid in own), None)
+    if index is None and event.in_use_gib:
+        index = next((i for i, (_, gib) in enumerate(entries) if gib == event.in_use_gib), None)
+    if index is None and not event.in_use_gib and event.pytorch_gib is not None:
+        pool = event.pytorch_gib + (event.unallocated_gib or 0.0)
+        fits = [
+            (gib - pool, i)
+            for i, (_, gib) in enumerate(entries)
+            if -0.01 <= gib - pool <= NON_PYTORCH_MAX_GIB
+        ]
+        index = min(fits)[1] if fits else None
+    if index is None:
+        return event
+    pid, held = entries.pop(index)
+    if event.in_use_gib:  # torch knew its own process and listed it again (by the driver's pid)
+        return dataclasses.replace(event, others_gib=tuple(entries))
+    return dataclasses.replace(event, others_gib=tuple(entries), own_pid=pid, in_use_gib=held)
 
 
 def distinct(events: Iterable[OomEvent]) -> list[OomEvent]:

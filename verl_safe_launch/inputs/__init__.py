@@ -21,8 +21,20 @@ from verl_safe_launch.inputs.keytypes import (
     verl_files,
     verl_prefix,
 )
-from verl_safe_launch.inputs.knowledge import cache_root, cached_bytes, cached_fact, knowledge_dir
+from verl_safe_launch.inputs.knowledge import (
+    cache_root,
+    cached_bytes,
+    cached_fact,
+    cached_json,
+    knowledge_dir,
+)
 from verl_safe_launch.inputs.machine import slurm_mem_gib
+from verl_safe_launch.inputs.model_files import (
+    ModelFiles,
+    generate_model_files,
+    missing_model_files,
+    model_files,
+)
 from verl_safe_launch.inputs.overrides import (
     OverrideToken,
     ToolSettings,
@@ -58,6 +70,7 @@ __all__ = [
     "Fact",
     "HardwareProfile",
     "KeyFacts",
+    "ModelFiles",
     "OverrideToken",
     "Registry",
     "ToolSettings",
@@ -69,6 +82,7 @@ __all__ = [
     "cache_root",
     "cached_bytes",
     "cached_fact",
+    "cached_json",
     "choose_verl",
     "cli_tokens",
     "count_of",
@@ -77,6 +91,7 @@ __all__ = [
     "detect_hardware",
     "display_path",
     "from_config_dict",
+    "generate_model_files",
     "hardware_fills",
     "hardware_findings",
     "key_facts",
@@ -84,6 +99,8 @@ __all__ = [
     "load_architecture",
     "local_architectures",
     "merge_profiles",
+    "missing_model_files",
+    "model_files",
     "names_read_with_get",
     "package_in",
     "parse_override",

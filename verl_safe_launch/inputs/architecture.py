@@ -9,16 +9,22 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from verl_safe_launch.context import Architecture, VisionTower
+from verl_safe_launch.context import Architecture, RopeScaling, VisionTower
 from verl_safe_launch.errors import InputError
 from verl_safe_launch.files import MAX_INPUT_BYTES, read_input
+from verl_safe_launch.inputs.hub_config import relies_on_defaults, text_part, with_defaults
 
 
 def from_config_dict(data: dict[str, Any], name: str, source: str) -> Architecture:
-    """Build an Architecture from a config.json mapping (text-config nested under ``text_config`` too)."""
-    vision = _vision_tower(data.get("vision_config"))
+    """Build an Architecture from a config.json mapping (text-config nested under ``text_config`` too); a
+    config that relies on its class's defaults is completed by transformers' config class first."""
+    raw = data
+    if relies_on_defaults(data):
+        data = with_defaults(data) or data
+    text = text_part(data)
+    vision = _vision_tower(data.get("vision_config"), text)
     if "hidden_size" not in data and isinstance(data.get("text_config"), dict):
-        data = {**data, **data["text_config"]}
+        data = text
     heads = int(data["num_attention_heads"])
     hidden = int(data["hidden_size"])
     return Architecture(
@@ -38,9 +44,51 @@ def from_config_dict(data: dict[str, Any], name: str, source: str) -> Architectu
         final_logit_softcapping=float(data.get("final_logit_softcapping") or 0.0),
         sliding_window=_sliding_window(data),
         vision=vision,
+        config_json=json.dumps(raw, sort_keys=True, default=str),
+        config_type=str(raw.get("model_type", "")),
+        length_keys=tuple((key, value) for key in LENGTH_KEYS if (value := _first_int(data, (key,)))),
+        rope_scaling=_rope_scaling(data, _first_int(data, ("original_max_position_embeddings",))),
         **_moe_fields(data),
         **_mla_fields(data),
     )
+
+
+LENGTH_KEYS = (
+    "max_position_embeddings",
+    "n_positions",
+    "max_seq_len",
+    "seq_length",
+    "model_max_length",
+    "max_target_positions",
+    "max_sequence_length",
+    "max_seq_length",
+    "seq_len",
+)
+"""Keys under which a config.json states a maximum length (the list vLLM derives its max_model_len from)."""
+
+
+def _rope_scaling(data: dict[str, Any], outer_original: int) -> tuple[RopeScaling, ...]:
+    """``rope_scaling`` (or transformers 5's ``rope_parameters``, one entry per layer type when nested).
+
+    A top-level ``original_max_position_embeddings`` wins over the entry's own, as transformers standardizes it.
+    """
+    found = data.get("rope_scaling") or data.get("rope_parameters")
+    if not isinstance(found, dict):
+        return ()
+    entries = found.values() if all(isinstance(v, dict) for v in found.values()) else [found]
+    out: list[RopeScaling] = []
+    for entry in entries:
+        rope_type = entry.get("rope_type") or entry.get("type") or "default"
+        factor = entry.get("factor")
+        original = outer_original or entry.get("original_max_position_embeddings")
+        out.append(
+            RopeScaling(
+                str(rope_type),
+                float(factor) if isinstance(factor, int | float) and not isinstance(factor, bool) else None,
+                original if isinstance(original, int) and not isinstance(original, bool) else None,
+            )
+        )
+    return tuple(out)
 
 
 MLA_KEYS = ("q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
@@ -53,23 +101,33 @@ def _mla_fields(data: dict[str, Any]) -> dict[str, Any]:
     return {key: _first_int(data, (key,)) for key in MLA_KEYS}
 
 
-VISION_KEYS = ("depth", "hidden_size", "out_hidden_size")
-
-
-def _vision_tower(data: object) -> VisionTower | None:
-    """The vision encoder of a Qwen2.5-VL-style ``vision_config`` (None when absent or not that shape)."""
-    if not isinstance(data, dict) or not all(_first_int(data, (k,)) for k in VISION_KEYS):
+def _vision_tower(data: object, text: dict[str, Any]) -> VisionTower | None:
+    """The vision encoder of a ``vision_config`` (Qwen2/2.5-VL's ``depth``, a SigLIP or CLIP tower's
+    ``num_hidden_layers``); None when absent. Patches per language-model token: the spatial merge (Qwen), the
+    pooling to ``mm_tokens_per_image`` (Gemma-3), else one."""
+    if not isinstance(data, dict):
         return None
-    hidden = _first_int(data, ("hidden_size",))
+    depth = _first_int(data, ("depth", "num_hidden_layers"))
+    hidden = _first_int(data, ("hidden_size", "embed_dim"))
+    if not depth or not hidden:
+        return None
+    patch = _first_int(data, ("patch_size", "spatial_patch_size")) or 14
+    merge = _first_int(data, ("spatial_merge_size",))
+    per_image = _first_int(text, ("mm_tokens_per_image",))
+    side = _first_int(data, ("image_size",)) // patch
+    pooled = side * side // per_image if per_image and side * side >= per_image else 1
     return VisionTower(
-        depth=_first_int(data, ("depth",)),
+        depth=depth,
         hidden_size=hidden,
         intermediate_size=_first_int(data, ("intermediate_size",)) or 4 * hidden,
-        out_hidden_size=_first_int(data, ("out_hidden_size", "hidden_size")),
-        patch_size=_first_int(data, ("patch_size", "spatial_patch_size")) or 14,
-        temporal_patch_size=_first_int(data, ("temporal_patch_size",)) or 2,
-        spatial_merge_size=_first_int(data, ("spatial_merge_size",)) or 2,
-        in_channels=_first_int(data, ("in_channels", "in_chans")) or 3,
+        out_hidden_size=_first_int(data, ("out_hidden_size",))
+        or _first_int(text, ("hidden_size",))
+        or hidden,
+        patch_size=patch,
+        temporal_patch_size=_first_int(data, ("temporal_patch_size",)) or (2 if merge else 1),
+        spatial_merge_size=merge or 1,
+        in_channels=_first_int(data, ("in_channels", "in_chans", "num_channels")) or 3,
+        pooling=pooled if not merge else 1,
     )
 
 
@@ -206,10 +264,8 @@ def load_architecture(model_path: str | None) -> Architecture | None:
     for path, label in candidates:
         if path is not None and os.path.lexists(path):
             data = _read_json(path, label)
-            nested = data.get("text_config")
-            inner: dict[str, Any] = nested if isinstance(nested, dict) else {}
-            if "hidden_size" in {**data, **inner}:
-                _check_dimensions(data, label)
+            if "hidden_size" in text_part(data):
+                _check_dimensions((with_defaults(data) if relies_on_defaults(data) else None) or data, label)
                 return from_config_dict(data, str(model_path), label)
     return _from_table(str(model_path))
 

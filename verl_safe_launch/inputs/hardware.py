@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from verl_safe_launch.config_view import ConfigView
 from verl_safe_launch.context import HardwareFacts
@@ -43,7 +44,8 @@ def detect_hardware(tool: ToolSettings, env: Mapping[str, str] | None = None) ->
         gpu_memory_gb=declared.gpu_memory_gb or smi.gpu_memory_gb,
         gpu_name=declared.gpu_name or smi.gpu_name or slurm.gpu_name,
         notes=tuple(notes) + smi.notes,
-        flash_attn=declared.flash_attn or flash_attn_installed(env),
+        flash_attn=declared.flash_attn
+        or flash_attn_installed(env, bool(smi.gpus_per_node or slurm.gpus_per_node)),
         host_memory_gb=declared.host_memory_gb
         or slurm_memory(env)
         or (meminfo() if smi.gpus_per_node else None),
@@ -206,6 +208,8 @@ def _mismatch(view: ConfigView, profile: HardwareProfile, key: str, name: str, n
             f"{key}={fact.value}" + _UNSET_HINT.get(prov.source.layer, _UNSET_HINT[Layer.CLI]),
             sources,
         )
+    if profile.allocation_for is not None:
+        return _idle_in_job(key, value, fact, noun, profile.allocation_for, sources)
     return Finding(
         "hardware-mismatch",
         Severity.WARNING,
@@ -213,6 +217,25 @@ def _mismatch(view: ConfigView, profile: HardwareProfile, key: str, name: str, n
         f"{key}={value} uses fewer {noun} than the hardware has ({fact.value}); the rest stay idle"
         + _lines(prov.source, fact),
         f"{key}={fact.value}, or declare hardware.{name}={value} if leaving them idle is intended",
+        sources,
+    )
+
+
+_JOB_FLAGS = {"nodes": "--nodes", "GPUs per node": "--gpus-per-node"}
+
+
+def _idle_in_job(
+    key: str, value: int, fact: Fact[int], noun: str, verb: str, sources: tuple[tuple[str, Any, Source], ...]
+) -> Finding:
+    """A generated job asks for the allocation and must use all of it: fewer is an error, not idle hardware."""
+    flag = _JOB_FLAGS.get(noun, f"hardware.{noun}")
+    return Finding(
+        "hardware-mismatch",
+        Severity.ERROR,
+        (key,),
+        f"{key}={value} uses fewer {noun} than the {verb} job asks for ({fact.value}): the job would hold "
+        f"{fact.value} and leave {fact.value - value} of them idle",
+        f"{key}={fact.value}; or {flag} {value}",
         sources,
     )
 

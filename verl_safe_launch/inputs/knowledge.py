@@ -84,6 +84,19 @@ def cached_bytes(name: str, produce: Callable[[], bytes]) -> bytes:
     return value
 
 
+def cached_json(relative: str, produce: Callable[[], Any]) -> tuple[Any, bool]:
+    """A JSON fact that does not depend on verl (what a model's own code gives), under the cache root at
+    ``relative``, produced once: the value and whether it was read from the cache. An unwritable cache is skipped."""
+    path = cache_root() / relative
+    try:
+        return json.loads(path.read_text(encoding="utf-8")), True
+    except (OSError, ValueError):
+        pass
+    value = produce()
+    _write(path, json.dumps(value, sort_keys=True).encode())
+    return value, False
+
+
 def _write(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` whole or not at all (a temporary file renamed); a failure is ignored."""
     try:

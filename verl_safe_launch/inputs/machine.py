@@ -30,12 +30,15 @@ def counted_cpus(env: Mapping[str, str]) -> Fact[int]:
 FLASH_CE_OFF = "VERL_DISABLE_FLASH_ATTN_CE"
 
 
-def flash_attn_installed(env: Mapping[str, str]) -> Fact[bool]:
-    """Whether verl will use flash-attn's cross-entropy: importable here and not switched off."""
+def flash_attn_installed(env: Mapping[str, str], gpus_here: bool) -> Fact[bool] | None:
+    """Whether verl will use flash-attn's cross-entropy: switched off, or importable in this Python where the
+    GPUs are (``gpus_here``); None where nothing here tells."""
     import importlib.util
 
     if env.get(FLASH_CE_OFF) == "1":
         return Fact(False, Source(Layer.HARDWARE, reason=f"detected: {FLASH_CE_OFF}=1 in the environment"))
+    if not gpus_here:
+        return None
     found = importlib.util.find_spec("flash_attn") is not None
     what = "importable" if found else "not importable"
     return Fact(found, Source(Layer.HARDWARE, reason=f"detected: flash_attn is {what} in this Python"))

@@ -43,6 +43,8 @@ class HardwareProfile:
     ray_joins: str | None = None
     in_entry_point: bool = False
     """The profile is read inside verl's own entry point, on the machine where it starts Ray."""
+    allocation_for: str | None = None
+    """The verb whose job asks for exactly this hardware (``slurm``, ``kuberay``): the config must use all of it."""
     ray_by: str | None = None
     """The verb that starts or joins Ray itself, with its own CPU count (``verl-safe-launch run``)."""
 
@@ -92,5 +94,6 @@ def merge_profiles(first: HardwareProfile, then: HardwareProfile) -> HardwarePro
         cpus_per_node=first.cpus_per_node or then.cpus_per_node,
         ray_joins=first.ray_joins or then.ray_joins,
         in_entry_point=first.in_entry_point or then.in_entry_point,
+        allocation_for=first.allocation_for or then.allocation_for,
         ray_by=first.ray_by or then.ray_by,
     )

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from verl_safe_launch.errors import VslError
+from verl_safe_launch.inputs import missing_model_files
 from verl_safe_launch.launch.deadline import within
 from verl_safe_launch.launch.plan import LaunchBlocked
 
@@ -16,16 +17,20 @@ PROBE_SECONDS = 10.0
 OFFLINE_VARS = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
 
 
-def model_access_error(path: str, env: Mapping[str, str], run_dir: Path) -> VslError | None:
+def model_access_error(
+    path: str, env: Mapping[str, str], run_dir: Path, trust_remote_code: bool = False
+) -> VslError | None:
     """Why verl could not load ``path`` on this machine, or None when it can (or it cannot be told here).
 
-    A directory is read as it is; a Hugging Face id is found in the local cache (its config.json), else the hub
-    is asked once, within ``PROBE_SECONDS``; with ``HF_HUB_OFFLINE=1`` the cache alone decides.
+    A directory must hold what verl's workers load from it: config.json, the tokenizer (loaded here with
+    transformers' ``AutoTokenizer``, as verl loads it, unless the model's own code would have to run) and the
+    weights. A Hugging Face id is found in the local cache (its config.json), else the hub is asked once, within
+    ``PROBE_SECONDS``; with ``HF_HUB_OFFLINE=1`` the cache alone decides.
     """
     where = f"{MODEL_KEY}={path}; run directory {run_dir}"
     local = Path(os.path.expanduser(path))
     if local.is_dir():
-        return None
+        return _directory_error(local, where, trust_remote_code)
     if path.startswith(("/", "~", ".")) or path.count("/") > 1:
         return LaunchBlocked(
             f"the model directory {path} does not exist on this machine",
@@ -52,6 +57,29 @@ def model_access_error(path: str, env: Mapping[str, str], run_dir: Path) -> VslE
         where=where,
         fix=fix,
     )
+
+
+def _directory_error(directory: Path, where: str, trust_remote_code: bool) -> VslError | None:
+    missing = missing_model_files(directory)
+    fix = f"put the whole model in {directory} (e.g. hf download MODEL_ID --local-dir {directory})"
+    if missing:
+        return LaunchBlocked(
+            f"the model directory {directory} has no {'; no '.join(missing)}: verl's workers load them after "
+            "Ray starts",
+            where=where,
+            fix=fix,
+        )
+    if trust_remote_code:  # loading the tokenizer would run the model's own code: verl's to do, not ours
+        return None
+    try:
+        from transformers import AutoTokenizer
+
+        AutoTokenizer.from_pretrained(str(directory))
+    except Exception as exc:  # transformers raises OSError, ValueError, ImportError ... for a bad tokenizer
+        return LaunchBlocked(
+            f"the tokenizer in {directory} does not load: {describe_exception(exc)}", where=where, fix=fix
+        )
+    return None
 
 
 def _fix(path: str) -> str:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from verl_safe_launch.memory.checks import memory_findings
+from verl_safe_launch.memory.defaults import FLASH_TOKEN, fit_notes, flash_unknown, verdict_notes
+from verl_safe_launch.memory.engine import CRITIC_V1_BUDGET, CRITIC_V1_BUDGET_DEFAULT
 from verl_safe_launch.memory.estimate import (
     COMPONENTS,
     DEFAULT_OVERHEAD_GIB,
@@ -26,7 +28,10 @@ from verl_safe_launch.memory.terms import (
 
 __all__ = [
     "COMPONENTS",
+    "CRITIC_V1_BUDGET",
+    "CRITIC_V1_BUDGET_DEFAULT",
     "DEFAULT_OVERHEAD_GIB",
+    "FLASH_TOKEN",
     "GIB",
     "Entropy",
     "HostEstimate",
@@ -37,6 +42,8 @@ __all__ = [
     "candidates",
     "estimate_memory",
     "fit_knobs",
+    "fit_notes",
+    "flash_unknown",
     "host_estimate",
     "host_findings",
     "kv_bytes_per_token",
@@ -46,4 +53,5 @@ __all__ = [
     "model_params",
     "pass_peak",
     "stage_at",
+    "verdict_notes",
 ]

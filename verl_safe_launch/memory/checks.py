@@ -6,7 +6,15 @@ from collections.abc import Mapping
 
 from verl_safe_launch.context import RuleContext
 from verl_safe_launch.findings import Finding, Severity
-from verl_safe_launch.memory.estimate import UNVERIFIED, MemoryEstimate, StageEstimate, estimate_memory
+from verl_safe_launch.memory.defaults import flash_clause, flash_fits
+from verl_safe_launch.memory.estimate import (
+    DOES_NOT_FIT,
+    FITS,
+    OUT_OF_MEMORY,
+    MemoryEstimate,
+    StageEstimate,
+    estimate_memory,
+)
 from verl_safe_launch.memory.fit import KnobFit, fit_knobs
 from verl_safe_launch.memory.host import host_findings
 from verl_safe_launch.memory.rollout import MAX_MODEL_LEN_KEY, TP_KEY, UTIL_KEY, RolloutFacts
@@ -20,7 +28,6 @@ KV_ONE, KV_CONCURRENCY, WEIGHTS = (
     "rollout-weights-per-rank",
 )
 UNKNOWN = "memory-model-unknown"
-UNVERIFIED_ID = "memory-stage-unverified"
 UNTRACED_ID = "memory-family-untraced"
 
 
@@ -75,9 +82,10 @@ def _rollout(ctx: RuleContext, facts: RolloutFacts, gpu: float) -> list[Finding]
         )
         fix = render_fix([_util_fix(facts, facts.seq_len, gpu), _tp_fix(ctx, facts)])
         return [_finding(ctx, WEIGHTS, Severity.ERROR, (UTIL_KEY, TP_KEY), msg, fix)]
+    graphs = f" − CUDA graphs {_gib(facts.graphs_in_pool)}" if facts.graphs_in_pool else ""
     head = (
         f"the KV cache holds ~{facts.capacity_tokens} tokens per rollout replica ({pool} − weights "
-        f"{_gib(facts.weights_bytes)} − activations {_gib(facts.activation_bytes)}, "
+        f"{_gib(facts.weights_bytes)} − activations {_gib(facts.activation_bytes)}{graphs}, "
         f"{facts.kv_bytes_per_token // 1024} KiB per token)"
     )
     if facts.capacity_tokens < facts.max_model_len:
@@ -103,9 +111,7 @@ def _verdicts(ctx: RuleContext, est: MemoryEstimate) -> list[Finding]:
     out: list[Finding] = []
     fits: dict[str, KnobFit] | None = None
     for stage in est.stages:
-        if stage.verdict == UNVERIFIED:
-            out.append(_unverified(ctx, est, stage))
-        if stage.verdict not in ("out of memory", "tight"):
+        if stage.verdict not in (OUT_OF_MEMORY, DOES_NOT_FIT):
             continue
         if fits is None and stage.name != "rollout":
             fits = {f.key: f for f in fit_knobs(ctx, est.margin)}
@@ -114,16 +120,12 @@ def _verdicts(ctx: RuleContext, est: MemoryEstimate) -> list[Finding]:
 
 
 def _untraced(ctx: RuleContext, est: MemoryEstimate) -> list[Finding]:
-    """An untraced family's 'fits' and 'tight' are said to rest on a wide band (its other verdicts say so)."""
-    judged = [s for s in est.stages if not s.traced and s.verdict in ("fits", "tight")]
+    """A 'fits' of a model whose code could not be traced rests on a stand-in family's measured band."""
+    judged = [s for s in est.stages if not s.traced and s.verdict == FITS]
     if not judged:
         return []
-    arch = ctx.actor_arch.model_type if ctx.actor_arch else "unknown"
     named = ", ".join(f"{s.name} {s.verdict}" for s in judged)
-    msg = (
-        f"architecture family '{arch}' has not been traced: {named} rest on Llama constants with activations "
-        "and logits ±30% (the whole band under the GPU size)"
-    )
+    msg = f"{named} rest on a stand-in: {est.terms} (the whole band under the GPU size)"
     fix = "measure one step (verl-safe-launch run records each stage's peak) before relying on the margin"
     return [_finding(ctx, UNTRACED_ID, Severity.WARNING, (), msg, fix)]
 
@@ -137,32 +139,23 @@ def _verdict(
         f"{stage.name} needs ~{stage.total:.1f} GiB per GPU (band {stage.low:.1f}–{stage.high:.1f}) of {gpu:g} GiB"
         f", peak at {stage.phase}; largest part: {top[0]} {top[1]:.1f} GiB"
     )
-    oom = stage.verdict == "out of memory"
-    if not oom:
-        msg += f"; less than the {est.margin:.0%} margin left"
+    oom = stage.verdict == OUT_OF_MEMORY
+    if not oom and stage.total * (1 + est.margin) > gpu:
+        msg += f"; it does not fit with the {est.margin:.0%} margin"
+    elif not oom:
+        msg += f"; it does not fit: the band's top is over {gpu:g} GiB"
+    alt = flash_fits(ctx, est).get(stage.name)
+    if alt is not None:
+        msg += f"; {flash_clause(alt)}"
     if not stage.traced:
         arch = ctx.actor_arch.model_type if ctx.actor_arch else "unknown"
-        msg += f"; architecture family '{arch}' has not been traced (band ±30%)"
+        msg += f"; the code of '{arch}' could not be traced (stand-in family, band ±{stage.band:.0%})"
     fit = fits.get(stage.knob or "")
     fix = fit.override if fit else None
     offloaded = ctx.view.get(PARAM_OFFLOAD) is True or ctx.view.get(OFFLOAD_POLICY) is True
     text = f"{fix} (est. {fit.peak_gib:.1f} GiB)" if fit and fix else _no_fit_fix(stage, fit, offloaded)
     keys = (stage.knob,) if stage.knob else ()
     return _finding(ctx, OOM if oom else TIGHT, Severity.ERROR if oom else Severity.WARNING, keys, msg, text)
-
-
-def _unverified(ctx: RuleContext, est: MemoryEstimate, stage: StageEstimate) -> Finding:
-    arch = ctx.actor_arch.model_type if ctx.actor_arch else "unknown"
-    msg = (
-        f"{stage.name} needs ~{stage.total:.1f} GiB per GPU, but the band {stage.low:.1f}–{stage.high:.1f} "
-        f"straddles {est.gpu_memory_gib or 0:g} GiB and architecture family '{arch}' has not been traced: "
-        "no verdict"
-    )
-    fix = (
-        "lower the stage's micro batch until the band's upper edge is under the GPU size, or measure one step"
-    )
-    keys = (stage.knob,) if stage.knob else ()
-    return _finding(ctx, UNVERIFIED_ID, Severity.WARNING, keys, msg, fix)
 
 
 PARAM_OFFLOAD = "actor_rollout_ref.actor.fsdp_config.param_offload"

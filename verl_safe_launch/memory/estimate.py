@@ -6,19 +6,26 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 from verl_safe_launch.config_view import ARR
-from verl_safe_launch.context import Architecture, RuleContext
+from verl_safe_launch.context import RuleContext
+from verl_safe_launch.memory.assumptions import (
+    architecture_lines,
+    dtype_name,
+    entropy_line,
+    logits_path,
+    offload_text,
+)
 from verl_safe_launch.memory.engine import Engine, StageSpec, make_pass, read_engine, stage_specs
 from verl_safe_launch.memory.host import HostEstimate, host_estimate
 from verl_safe_launch.memory.rollout import Finish, RolloutFacts, rollout_facts, rollout_stage
+from verl_safe_launch.memory.sources import TermSource, resolve
 from verl_safe_launch.memory.terms import (
     BF16,
     FP32,
     GIB,
-    coeffs_for,
-    kv_bytes_per_token,
     layer_params,
     pass_peak,
     root_params,
+    vision_params,
 )
 from verl_safe_launch.rules import BatchPlan, batch_plan
 
@@ -32,7 +39,8 @@ COMPONENTS = (
     "KV cache",
     "fixed overhead",
 )
-# Relative uncertainty per component: shards are exact arithmetic, activations and logits calibrated to ±10%.
+# Relative uncertainty per component: shards are exact arithmetic; activations and logits take the band measured
+# for the source of their terms (sources.py), the other entries here are not traced.
 UNCERTAINTY = {
     "parameters": 0.02,
     "gradients": 0.02,
@@ -43,7 +51,6 @@ UNCERTAINTY = {
     "KV cache": 0.02,
     "fixed overhead": 0.50,
 }
-UNCALIBRATED = 0.30
 FRAGMENTATION = 0.05  # the caching allocator's unusable slack, added to the high end of the band
 DEFAULT_MARGIN = 0.10
 DEFAULT_OVERHEAD_GIB = 1.0
@@ -64,7 +71,8 @@ class StageEstimate:
     verdict: str | None = None
     phases: tuple[tuple[str, float], ...] = ()
     batch_gib: float = 0.0  # activations and logits of one micro batch at its peak
-    traced: bool = True  # the architecture family's terms were checked against traces
+    traced: bool = True  # the model's terms were checked against traces of its code (a row or a derivation)
+    band: float = 0.0  # the measured relative error of the activations and logits
 
     @property
     def verdict_text(self) -> str | None:
@@ -95,6 +103,8 @@ class MemoryEstimate:
     rollout: RolloutFacts | None = None
     notes: tuple[str, ...] = field(default=())
     host: HostEstimate | None = None
+    terms: str = ""
+    """Where the activation and logits terms come from (a calibrated row, derived from the model code...)."""
 
     def stage(self, name: str) -> StageEstimate | None:
         """The estimate of one stage by name."""
@@ -106,26 +116,26 @@ class MemoryEstimate:
         return max(self.stages, key=lambda s: s.total, default=None)
 
 
-UNVERIFIED = "unverified"
-UNTRACED = "family not traced"
+UNTRACED = "model code not traced"
 
 
-def verdict(total: float, gpu: float | None, margin: float) -> str | None:
-    """``fits`` with the margin, ``tight`` (fits without it), ``out of memory``; None without a GPU size."""
+FITS, DOES_NOT_FIT, OUT_OF_MEMORY = "fits", "does not fit", "out of memory"
+
+
+def stage_fits(total: float, high: float, gpu: float, margin: float) -> bool:
+    """The one test of ``estimate``, ``check`` and ``--fit``: the estimate with the margin, and the band's top,
+    within the GPU."""
+    return total * (1 + margin) <= gpu and high <= gpu
+
+
+def verdict(total: float, high: float, gpu: float | None, margin: float) -> str | None:
+    """``fits`` (``stage_fits``), ``out of memory`` (the estimate itself is over the GPU size), else ``does not
+    fit`` (within the GPU, but not with the margin or not with the band's top); None without a GPU size."""
     if gpu is None:
         return None
-    if total * (1 + margin) <= gpu:
-        return "fits"
-    return "tight" if total <= gpu else "out of memory"
-
-
-def band_verdict(total: float, low: float, high: float, gpu: float | None, margin: float) -> str | None:
-    """The verdict of an untraced architecture: only what the whole band agrees on, else ``unverified``."""
-    if gpu is None:
-        return None
-    if high <= gpu:
-        return verdict(total, gpu, margin)
-    return "out of memory" if low > gpu else UNVERIFIED
+    if stage_fits(total, high, gpu, margin):
+        return FITS
+    return DOES_NOT_FIT if total <= gpu else OUT_OF_MEMORY
 
 
 def finish(
@@ -134,15 +144,13 @@ def finish(
     """Bytes per component → a stage estimate in GiB with its band and verdict."""
     gib = tuple((c, parts.get(c, 0.0) / GIB) for c in COMPONENTS if parts.get(c, 0.0) > 0)
     total = sum(v for _, v in gib)
-    wide = {"activations", "logits and temporaries"} if not ctx.calibrated else set()
-    spread = sum(v * (UNCALIBRATED if c in wide else UNCERTAINTY[c]) for c, v in gib)
+    measured = {"activations", "logits and temporaries"}
+    spread = sum(v * (ctx.source.band if c in measured else UNCERTAINTY[c]) for c, v in gib)
     high, low = total + spread + FRAGMENTATION * total, total - spread
-    judged = (
-        verdict(total, ctx.gpu, ctx.margin)
-        if ctx.calibrated
-        else band_verdict(total, low, high, ctx.gpu, ctx.margin)
+    judged = verdict(total, high, ctx.gpu, ctx.margin)
+    return StageEstimate(
+        name, gib, phase, batch, knob, low, high, judged, traced=ctx.calibrated, band=ctx.source.band
     )
-    return StageEstimate(name, gib, phase, batch, knob, low, high, judged, traced=ctx.calibrated)
 
 
 @dataclass(frozen=True)
@@ -159,6 +167,7 @@ class Settings:
     calibrated: bool
     rollout_asleep: bool
     specs: tuple[StageSpec, ...]
+    source: TermSource
     notes: tuple[str, ...] = ()
     optimizer: str = "AdamW"
     logits_path: str = ""
@@ -186,7 +195,7 @@ def gathered(engine: Engine, backward: bool) -> float:
     arch = engine.arch
     layer, root = layer_params(arch), root_params(arch, engine.value_head)
     if arch.vision:  # FSDP wraps each vision block as its own unit, like a decoder layer
-        root -= arch.vision.depth * arch.vision.block_params
+        root -= arch.vision.depth * arch.vision.block_params if arch.traced is None else vision_params(arch)
     if not engine.reshard_after_forward:
         return BF16 * engine.params + (BF16 + FP32) * layer * backward
     layers = 1 + int(engine.forward_prefetch or backward)
@@ -239,11 +248,17 @@ Phase = tuple[dict[str, float], str]
 UPDATE_PHASES = ("micro batch", "end of backward", "optimizer step")
 
 
+OPTIMIZER_STEP_TEMP = 1.0
+"""Temporaries of torch's AdamW step (foreach, verl's default on GPUs), per byte of the parameters it updates: one
+copy (the square root of the second moments, computed for the whole shard at once). Traced on fake tensors by
+``trace.optimizer_step`` (tests/test_memory_derive.py holds the two equal)."""
+
+
 def _phases(parts: dict[str, float], phase: str, base: dict[str, float], e: Engine) -> list[Phase]:
     """The micro-batch peak, the end of backward (head gradients reduced in fp32) and the optimizer step."""
     root = root_params(e.arch, e.value_head) if not e.lora_rank else 0
     reduce = add(base, {"gathered parameters": (BF16 + BF16 + FP32) * root})
-    step = add(base, {"logits and temporaries": e.trainable * e.dtype_bytes / e.shards})
+    step = add(base, {"logits and temporaries": OPTIMIZER_STEP_TEMP * e.trainable * e.dtype_bytes / e.shards})
     return [(parts, phase), (reduce, "end of backward (head gradient reduce)"), (step, "optimizer step")]
 
 
@@ -255,16 +270,18 @@ def assumptions(s: Settings, specs: list[StageSpec], rollout: RolloutFacts | Non
         if s.gpu
         else "GPU memory unknown: no verdicts (set hardware.gpu_memory_gb=80)",
         f"sequences at full length {s.seq_len} tokens (remove-padding worst case: every sequence prompt+response)",
-        f"actor shards: params {_dtype(a)} over {a.shards} GPUs, AdamW states in the same dtype, grads only in "
-        "the update" + _offload(a),
+        f"actor shards: params {dtype_name(a)} over {a.shards} GPUs, AdamW states in the same dtype, grads only in "
+        "the update" + offload_text(a),
         "mixed precision: bf16 compute, layers all-gathered one unit at a time (head unit kept during forward)",
         "gradient checkpointing " + ("on: one layer input kept per layer" if a.checkpointing else "off"),
         s.logits_path,
-        _entropy_line(a),
+        entropy_line(a),
         "ref model: parameters on the CPU between layers (verl forces CPU offload for forward-only engines)",
         f"fixed overhead {s.overhead:g} GiB per process: the trainer and the sleeping rollout server",
-        "band: shards ±2%, activations and logits ±10% (traced, bench/calibrate_memory.py), gathered "
-        "±25%, overhead ±50%, plus 5% allocator fragmentation on the high end",
+        f"activation and logits terms: {s.source.how}",
+        f"band: shards ±2%, activations and logits ±{s.source.band:.1%} (the worst error measured against "
+        "full-depth traces, bench/memory_families.py), gathered ±25%, overhead ±50%, plus 5% allocator "
+        "fragmentation on the high end",
     ]
     if s.optimizer not in ("AdamW", "Adam", "adamw", "adam"):
         lines.append(f"optimizer {s.optimizer}: assumed to keep two states per parameter like AdamW")
@@ -276,58 +293,16 @@ def assumptions(s: Settings, specs: list[StageSpec], rollout: RolloutFacts | Non
         )
     if a.megatron:
         lines.append("model_engine=megatron: modelled as FSDP with the same sharding (indicative only)")
-    if not coeffs_for(a.arch)[1]:
-        lines.append(
-            f"architecture family '{a.arch.model_type}' not traced: Llama constants, activations and logits "
-            f"±{UNCALIBRATED:.0%}; a stage whose band straddles the GPU size is '{UNVERIFIED}', not 'fits'"
-        )
+    lines.append(
+        f"'fits': the estimate with the {s.margin:.0%} margin and the band's top within the GPU (what --fit "
+        "proposes); 'does not fit': within the GPU but not so; 'out of memory': the estimate itself is over it"
+    )
     lines.extend(architecture_lines(a.arch))
     if any(spec.dynamic for spec in specs):
         lines.append("dynamic batch size: a micro batch fills its token budget")
     if rollout is not None:
         lines.extend(rollout.assumptions)
     return tuple(lines)
-
-
-def architecture_lines(arch: Architecture) -> list[str]:
-    """What of the architecture is counted beyond a plain decoder: latent attention, a vision tower."""
-    lines = []
-    if arch.mla:
-        width = arch.kv_lora_rank + arch.qk_rope_head_dim
-        lines.append(
-            f"multi-head latent attention: parameters and activations of the latent projections (kv_lora_rank "
-            f"{arch.kv_lora_rank}, q_lora_rank {arch.q_lora_rank or 'none'}); the rollout caches the latent, "
-            f"{width} values per token per layer ({kv_bytes_per_token(arch, 1):,} B per token in bf16)"
-        )
-    if arch.vision:
-        v = arch.vision
-        lines.append(
-            f"vision tower: {v.params / 1e9:.2f}B parameters ({v.depth} blocks, width {v.hidden_size}) counted "
-            f"with the model's {arch.params / 1e9:.2f}B; activations for images filling every prompt "
-            f"({v.merge} patches per image token; blocks costed as Llama layers at that width, not traced)"
-        )
-    return lines
-
-
-def _dtype(e: Engine) -> str:
-    return "fp32" if e.dtype_bytes == 4 else "bf16"
-
-
-def _offload(e: Engine) -> str:
-    flags = [n for n, on in (("params", e.param_offload), ("optimizer", e.optimizer_offload)) if on]
-    if e.cpu_policy:
-        return "; FSDP2 CPU offload policy: shards live on the CPU"
-    return f"; offloaded to the CPU outside their stage: {', '.join(flags)}" if flags else ""
-
-
-def _entropy_line(e: Engine) -> str:
-    if e.fused_kernels:
-        return "fused kernels: log-probs and entropy in 512-token chunks, no full-vocabulary logits"
-    if e.entropy_chunking:
-        return f"entropy in chunks of {e.entropy_chunk} tokens (fp32 per chunk)"
-    if e.compile_entropy:
-        return "entropy compiled (torch.compile): fused reductions, no full-vocabulary fp32 buffer"
-    return "entropy eager: fp32 softmax and product over the full vocabulary"
 
 
 def prepare(ctx: RuleContext, margin: float, overhead_gib: float) -> Settings | str:
@@ -337,22 +312,19 @@ def prepare(ctx: RuleContext, margin: float, overhead_gib: float) -> Settings | 
         return _unknown(view.get(MODEL_KEY["actor"]), "actor")
     gpus = plan.gpus or 1
     flash, path = logits_path(ctx)
-    actor = replace(read_engine(view, "actor", ctx.actor_arch, gpus), flash_ce=flash)
+    source = resolve(ctx.actor_arch)
+    arch = source.arch
+    actor = replace(read_engine(view, "actor", arch, gpus), flash_ce=flash)
     ref = None
     if plan.use_ref:
-        ref = (
-            actor
-            if actor.lora_rank
-            else replace(read_engine(view, "ref", ctx.actor_arch, gpus), flash_ce=flash)
-        )
+        ref = actor if actor.lora_rank else replace(read_engine(view, "ref", arch, gpus), flash_ce=flash)
     critic: Engine | None = None
     notes: tuple[str, ...] = ()
     if plan.use_critic and ctx.critic_arch is None:
         notes = ("critic stage not estimated: " + _unknown(view.get(MODEL_KEY["critic"]), "critic"),)
     elif plan.use_critic and ctx.critic_arch is not None:
-        critic = read_engine(view, "critic", ctx.critic_arch, gpus)
-    _, measured = coeffs_for(ctx.actor_arch)
-    calibrated = measured and not actor.megatron
+        critic = read_engine(view, "critic", resolve(ctx.critic_arch).arch, gpus)
+    calibrated = source.traced and not actor.megatron
     asleep = view.get(f"{ARR}.rollout.free_cache_engine") is not False
     gpu = ctx.hardware.gpu_memory_gb
     s = Settings(
@@ -366,6 +338,7 @@ def prepare(ctx: RuleContext, margin: float, overhead_gib: float) -> Settings | 
         calibrated,
         asleep,
         (),
+        source,
         notes,
     )
     optimizer = str(view.get(f"{ARR}.actor.optim.optimizer") or "AdamW")
@@ -373,30 +346,6 @@ def prepare(ctx: RuleContext, margin: float, overhead_gib: float) -> Settings | 
     prompt = view.get("data.max_prompt_length")
     prompt_len = prompt if isinstance(prompt, int) and not isinstance(prompt, bool) and prompt > 0 else 0
     return replace(s, specs=specs, optimizer=optimizer, logits_path=path, prompt_len=prompt_len)
-
-
-FLASH_CE_ENV_KEY = "ray_kwargs.ray_init.runtime_env.env_vars.VERL_DISABLE_FLASH_ATTN_CE"
-
-
-def logits_path(ctx: RuleContext) -> tuple[bool, str]:
-    """Whether verl computes log-probs with flash-attn's cross-entropy, and the assumption line saying why."""
-    fallback = "verl's logprobs_from_logits_v2 (row-wise log_softmax, a saved copy and a separate gradient)"
-    if ctx.view.get(f"{ARR}.model.use_fused_kernels") is True:
-        return (
-            True,
-            "log-probs: fused kernels (use_fused_kernels): flash-attn's cross-entropy is not involved",
-        )
-    if str(ctx.view.get(FLASH_CE_ENV_KEY)) == "1":
-        return False, f"log-probs: {fallback}: VERL_DISABLE_FLASH_ATTN_CE=1 in the workers' runtime env"
-    flash = ctx.hardware.flash_attn
-    if flash is None:
-        return True, (
-            "log-probs: flash-attn cross-entropy assumed (in-place gradient; not detected: set "
-            "hardware.flash_attn=false where flash-attn is missing or VERL_DISABLE_FLASH_ATTN_CE=1)"
-        )
-    if flash:
-        return True, "log-probs: flash-attn cross-entropy (in-place gradient; hardware.flash_attn=true)"
-    return False, f"log-probs: {fallback}: flash-attn cross-entropy not used (hardware.flash_attn=false)"
 
 
 def estimate_memory(
@@ -407,12 +356,14 @@ def estimate_memory(
     if isinstance(s, str):
         return MemoryEstimate((), (), ctx.hardware.gpu_memory_gb, margin, missing=s)
     assert ctx.actor_arch is not None
-    facts = rollout_facts(ctx.view, s.plan, ctx.actor_arch, s.gpu, _resident_total(s))
+    facts = rollout_facts(ctx.view, s.plan, s.actor.arch, s.gpu, _resident_total(s))
     stages = [rollout_stage(facts, _base_rollout(s), s.overhead, finish_fn(s))]
     stages += [_pooled(training_stage(spec, s), facts, s) for spec in s.specs]
     lines = assumptions(s, list(s.specs), facts)
     host = _host(ctx, s)
-    return MemoryEstimate(tuple(stages), lines, s.gpu, margin, rollout=facts, notes=s.notes, host=host)
+    return MemoryEstimate(
+        tuple(stages), lines, s.gpu, margin, rollout=facts, notes=s.notes, host=host, terms=s.source.how
+    )
 
 
 def _host(ctx: RuleContext, s: Settings) -> HostEstimate:
@@ -435,7 +386,7 @@ def stage_at(
     spec = next((sp for sp in s.specs if sp.name == name), None)
     if spec is None:
         return None
-    facts = rollout_facts(ctx.view, s.plan, ctx.actor_arch, s.gpu, _resident_total(s))
+    facts = rollout_facts(ctx.view, s.plan, s.actor.arch, s.gpu, _resident_total(s))
     found = spec
 
     def at(value: int) -> StageEstimate:

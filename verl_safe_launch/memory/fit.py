@@ -8,7 +8,13 @@ from dataclasses import dataclass, replace
 from verl_safe_launch.config_view import ARR, ConfigView
 from verl_safe_launch.context import RuleContext
 from verl_safe_launch.findings import Severity
-from verl_safe_launch.memory.estimate import DEFAULT_MARGIN, StageEstimate, estimate_memory, stage_at
+from verl_safe_launch.memory.estimate import (
+    DEFAULT_MARGIN,
+    StageEstimate,
+    estimate_memory,
+    stage_at,
+    stage_fits,
+)
 from verl_safe_launch.rules import batch_plan, divisors, run_rules, with_values
 
 BUDGET_STEP = 512  # token budgets are fitted to a multiple of this
@@ -26,6 +32,8 @@ class KnobFit:
     reason: str
     stage: str = ""
     add: bool = False
+    fits_up_to: int | None = None
+    """The largest value that fits the GPU, before the rules (``value`` is the largest that also passes them)."""
 
     @property
     def override(self) -> str | None:
@@ -95,7 +103,7 @@ def _fit_one(ctx: RuleContext, stage: str, key: str, margin: float, gpu: float, 
     if cap is not None:
         top = min(top, cap)
     limit = gpu / (1 + margin)
-    largest = _largest(lambda v: _safe(at(v), limit, gpu), max(1, top))
+    largest = _largest(lambda v: _fits(at(v), gpu, margin), max(1, top))
     if largest is None:
         low = at(1 if not dynamic else BUDGET_STEP)
         why = f"even the smallest value needs {low.total:.1f} GiB of {gpu:g} GiB with the {margin:.0%} margin"
@@ -120,12 +128,14 @@ def _fit_one(ctx: RuleContext, stage: str, key: str, margin: float, gpu: float, 
         _reason(est, largest, value, (limit, gpu), blocked, dynamic),
         stage,
         add,
+        largest,
     )
 
 
-def _safe(est: StageEstimate, limit: float, gpu: float) -> bool:
-    """Conservative: the central estimate within the margin and the upper band within the GPU."""
-    return est.total <= limit and est.high <= gpu
+def _fits(est: StageEstimate, gpu: float, margin: float) -> bool:
+    """What ``estimate`` calls ``fits`` (one test for both): the estimate with the margin, the band's top, within
+    the GPU."""
+    return stage_fits(est.total, est.high, gpu, margin)
 
 
 def _largest(fits: Callable[[int], bool], top: int) -> int | None:

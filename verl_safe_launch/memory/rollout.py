@@ -25,7 +25,11 @@ TP_KEY = f"{R}.tensor_model_parallel_size"
 MAX_SEQS_KEY = f"{R}.max_num_seqs"
 S = TypeVar("S")
 ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM"}
-CUDA_GRAPHS_GIB = 1.0  # captured CUDA graphs live outside the engine's memory fraction
+CUDA_GRAPHS_GIB = 1.0
+"""Captured CUDA graphs (modelled, not traced: vLLM measures them on the GPU at start-up, 0.3-1.6 GiB in published
+logs). vLLM >= 0.21 (verl 0.9.1 pins 0.24) profiles them and takes them from the gpu_memory_utilization share;
+with VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0, or SGLang, they come on top of it."""
+GRAPHS_ENV_KEY = "ray_kwargs.ray_init.runtime_env.env_vars.VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS"
 
 
 @dataclass(frozen=True)
@@ -39,6 +43,8 @@ class RolloutFacts:
     weights_bytes: float
     activation_bytes: float
     graphs_bytes: float
+    graphs_inside: bool
+    """The engine takes its CUDA graphs from its memory share (vLLM's own accounting) rather than on top."""
     kv_bytes_per_token: int
     max_model_len: int
     max_model_len_from_model: bool
@@ -51,7 +57,12 @@ class RolloutFacts:
         """What the pool leaves for the KV cache after weights and the profiled activation peak."""
         if self.pool_bytes is None:
             return None
-        return self.pool_bytes - self.weights_bytes - self.activation_bytes
+        return self.pool_bytes - self.weights_bytes - self.activation_bytes - self.graphs_in_pool
+
+    @property
+    def graphs_in_pool(self) -> float:
+        """CUDA graph bytes taken from the engine's share (0 when they come on top of it)."""
+        return self.graphs_bytes if self.graphs_inside else 0.0
 
     @property
     def capacity_tokens(self) -> int | None:
@@ -66,7 +77,12 @@ class RolloutFacts:
 
     def util_for(self, tokens: int, gpu: float) -> float:
         """The memory fraction that leaves room for ``tokens`` of KV cache (vLLM's fraction of total memory)."""
-        need = self.weights_bytes + self.activation_bytes + tokens * self.kv_bytes_per_token
+        need = (
+            self.weights_bytes
+            + self.activation_bytes
+            + self.graphs_in_pool
+            + tokens * self.kv_bytes_per_token
+        )
         return need / (gpu * GIB)
 
     @property
@@ -80,8 +96,11 @@ class RolloutFacts:
             + (
                 "none (enforce_eager)"
                 if not self.graphs_bytes
-                else f"~{self.graphs_bytes / GIB:g} GiB outside it"
+                else f"~{self.graphs_bytes / GIB:g} GiB {'within that share' if self.graphs_inside else 'on top of it'}"
+                " (modelled, not traced: the engine measures them on the GPU at start-up)"
             ),
+            "rollout weights: the model's parameters / TP in the rollout dtype (exact count); engine activations: "
+            "one forward of max_num_batched_tokens plus the sampler (modelled, not traced)",
         )
 
 
@@ -118,6 +137,7 @@ def rollout_facts(
         weights_bytes=width * model_params(arch) / (tp * pp),
         activation_bytes=engine_activation_bytes(arch, tp, batched, seqs),
         graphs_bytes=0.0 if eager else CUDA_GRAPHS_GIB * GIB,
+        graphs_inside=name == "vllm" and str(view.get(GRAPHS_ENV_KEY)) != "0",
         kv_bytes_per_token=kv_bytes_per_token(arch, tp, width),
         max_model_len=max_len,
         max_model_len_from_model=mml is None,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
-from verl_safe_launch.context import Architecture
+from verl_safe_launch.context import Architecture, PassTerms, TracedTerms
 
 GIB = float(1 << 30)
 BF16 = 2
@@ -147,6 +147,11 @@ class PassPeak:
         return self.activations + self.logits
 
 
+def calibrated(arch: Architecture) -> bool:
+    """The model has a calibrated row: its family's, and (a vision-language model) its wrapper's too."""
+    return arch.model_type in FAMILIES and (not arch.config_type or arch.config_type in FAMILIES)
+
+
 def coeffs_for(arch: Architecture) -> tuple[LayerCoeffs, bool]:
     """The layer coefficients of an architecture family, and whether that family was measured."""
     coeffs = FAMILIES.get(arch.model_type)
@@ -263,7 +268,12 @@ def logits_bytes(p: Pass, hidden: int) -> float:
 
 
 def pass_peak(arch: Architecture, p: Pass) -> PassPeak:
-    """Peak activations and logits of one micro batch: the largest of the head, layer and vision-tower phases."""
+    """Peak activations and logits of one micro batch: the largest of the head, layer and vision-tower phases.
+
+    A model with terms derived from its own code (``arch.traced``) takes them; a family with a calibrated row
+    its byte formulas; any other, Llama's row."""
+    if arch.traced is not None:
+        return traced_peak(arch, arch.traced, p)
     t, h = p.tokens, arch.hidden_size
     logits = logits_bytes(p, h)
     vision_kept, vision_own = vision_bytes(arch, p)
@@ -278,6 +288,40 @@ def pass_peak(arch: Architecture, p: Pass) -> PassPeak:
     layer = PassPeak(kept + inner * t, 0.0, "backward of the last layer")
     tower = PassPeak(vision_own, 0.0, "backward of the vision tower")
     return max((head, layer, tower), key=lambda x: x.total)
+
+
+def traced_peak(arch: Architecture, terms: TracedTerms, p: Pass) -> PassPeak:
+    """``pass_peak`` from terms traced on the model's code: every layer of the real depth, in order, with its
+    kind's terms (a backward peaks at some layer over the saved tensors of the layers below it)."""
+    t = p.tokens
+    vision_kept, vision_own = vision_bytes(arch, p)
+    tower = PassPeak(vision_own, 0.0, "the vision tower's " + ("backward" if p.backward else "forward"))
+    if not p.backward:
+        f = terms.forward
+        logits = _traced_logits(arch, f, p)
+        layer = max((f.base if i == 0 else f.steady) + f.layer[k] for i, k in enumerate(terms.slots))
+        head = PassPeak((f.steady + f.head) * t + vision_kept, logits, "logits of the forward")
+        return max((head, PassPeak(layer * t + vision_kept, 0.0, "one layer's forward"), tower), key=_total)
+    pt = terms.checkpointed if p.checkpointing else terms.full
+    slots = terms.slots[-2:] if p.activation_offload else terms.slots  # offloaded: two layers' tensors on GPU
+    kept, layer = pt.base, 0.0
+    for k in slots:
+        layer = max(layer, kept + pt.rise[k], kept + pt.saved[k] + pt.layer[k])
+        kept += pt.saved[k]
+    head = PassPeak(
+        (kept + pt.head) * t + vision_kept, _traced_logits(arch, pt, p), "start of backward (logits)"
+    )
+    return max((head, PassPeak(layer * t + vision_kept, 0.0, "backward of a layer"), tower), key=_total)
+
+
+def _traced_logits(arch: Architecture, pt: PassTerms, p: Pass) -> float:
+    """The logits of the pass as verl processes them, plus the copies the model's own head makes (softcapping)."""
+    extra = max(0.0, pt.logit_extra) * p.tokens * p.vocab if p.vocab > 1 else 0.0
+    return logits_bytes(replace(p, softcap=False), arch.hidden_size) + extra
+
+
+def _total(peak: PassPeak) -> float:
+    return peak.total
 
 
 def vision_bytes(arch: Architecture, p: Pass) -> tuple[float, float]:
@@ -300,14 +344,18 @@ def vision_bytes(arch: Architecture, p: Pass) -> tuple[float, float]:
 
 
 def layer_params(arch: Architecture) -> int:
-    """Parameters of one decoder layer."""
+    """Parameters of one decoder layer (the largest kind when traced)."""
+    if arch.traced is not None:
+        return max(arch.traced.slot_params)
     h, n = arch.hidden_size, arch.num_hidden_layers
     embed = arch.vocab_size * h * (1 if arch.tie_word_embeddings else 2)
     return (arch.params - embed - h - vision_params(arch)) // max(1, n)
 
 
 def vision_params(arch: Architecture) -> int:
-    """Parameters of a vision-language model's vision tower (0 for a text model)."""
+    """Parameters of a vision-language model's vision tower and projector (0 for a text model)."""
+    if arch.traced is not None:
+        return arch.traced.vision_params
     return arch.vision.params if arch.vision else 0
 
 
@@ -320,6 +368,9 @@ def root_params(arch: Architecture, value_head: bool = False) -> int:
 
 def model_params(arch: Architecture, value_head: bool = False) -> int:
     """All parameters (a value head replaces the LM head for the critic)."""
+    if arch.traced is not None:
+        head = arch.traced.head_params
+        return arch.traced.params - head + (arch.hidden_size if value_head else head)
     return layer_params(arch) * arch.num_hidden_layers + root_params(arch, value_head)
 
 

@@ -21,6 +21,7 @@ from verl_safe_launch.rules import (
     batch_plan,
     divisors,
     nearest,
+    rollout_tp_ok,
     sync_steps,
 )
 
@@ -69,7 +70,7 @@ def _rollout_tp(state: Adaptation) -> None:
     current, gpn = state.value(ROLLOUT_TP), state.value(GPU_KEYS[0][0])
     if not state.owned(ROLLOUT_TP) or current is None or gpn is None:
         return
-    valid = [d for d in divisors(gpn) if heads_ok(state.arch, d)]
+    valid = [d for d in divisors(gpn) if rollout_tp_ok(state.view, state.arch, d)]
     if current not in valid:
         pick = max([d for d in valid if d <= current] or [1])
         state.change(

@@ -10,8 +10,8 @@ from verl_safe_launch.context import RuleContext
 from verl_safe_launch.inputs import GPU_KEYS
 from verl_safe_launch.memory import MemoryEstimate, StageEstimate, estimate_memory, stage_at
 from verl_safe_launch.presets.catalog import GPU_UTIL, MAX_MODEL_LEN
-from verl_safe_launch.presets.state import Adaptation, critic_arch, heads_clause, heads_ok
-from verl_safe_launch.rules import ROLLOUT_TP, batch_plan, divisors, pos_int, with_values
+from verl_safe_launch.presets.state import Adaptation, critic_arch, heads_clause
+from verl_safe_launch.rules import ROLLOUT_TP, batch_plan, divisors, pos_int, rollout_tp_ok, with_values
 
 FSDP_CFG = "actor_rollout_ref.actor.fsdp_config"
 
@@ -152,7 +152,8 @@ def _rollout_plan(state: Adaptation, trial: _Trial) -> tuple[dict[str, Any], dic
     gpn = state.value(GPU_KEYS[0][0])
     if gpn is None:
         return None
-    tps = [d for d in divisors(gpn) if heads_ok(state.arch, d)] if state.free(ROLLOUT_TP) else []
+    ok = [d for d in divisors(gpn) if rollout_tp_ok(state.view, state.arch, d)]
+    tps = ok if state.free(ROLLOUT_TP) else []
     own = state.value(ROLLOUT_TP) or 1
     # the preset's TP when it fits, else the smallest larger one that does, else a smaller one
     tps = sorted(tps, key=lambda tp: (tp < own, tp if tp >= own else -tp)) or [own]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from verl_safe_launch.rules.catalog import RULES, run_rules
+from verl_safe_launch.rules.engines import rollout_tp_ok
 from verl_safe_launch.rules.explain import explain, header, render_text
 from verl_safe_launch.rules.fixes import (
     KeyFix,
@@ -15,6 +16,7 @@ from verl_safe_launch.rules.fixes import (
     set_fix,
 )
 from verl_safe_launch.rules.kit import sources
+from verl_safe_launch.rules.mcore import megatron_tp_ok
 from verl_safe_launch.rules.plan import (
     ACTOR_MICRO,
     ACTOR_MINI,
@@ -60,10 +62,12 @@ __all__ = [
     "gpu_need",
     "header",
     "lcm",
+    "megatron_tp_ok",
     "nearest",
     "pos_int",
     "render_fix",
     "render_text",
+    "rollout_tp_ok",
     "round_up",
     "run_rules",
     "search_fix",

@@ -7,13 +7,27 @@ from collections.abc import Iterable
 from verl_safe_launch.context import RuleContext
 from verl_safe_launch.findings import Finding, Rule, run_table
 from verl_safe_launch.inputs import verl_release
-from verl_safe_launch.rules import batch, cluster, data, layout, model, modes, registry, rollout, verl_static
+from verl_safe_launch.rules import (
+    batch,
+    cluster,
+    data,
+    engines,
+    layout,
+    mcore,
+    model,
+    modes,
+    registry,
+    rollout,
+    verl_static,
+)
 
 RULES: tuple[Rule[RuleContext], ...] = (
     *batch.RULES,
     *cluster.RULES,
     *data.RULES,
+    *engines.RULES,
     *layout.RULES,
+    *mcore.RULES,
     *model.RULES,
     *modes.RULES,
     *registry.RULES,

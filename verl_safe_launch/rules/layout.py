@@ -9,6 +9,7 @@ from verl_safe_launch.context import Architecture, RuleContext
 from verl_safe_launch.findings import Rule
 from verl_safe_launch.rules.fixes import KeyFix, divisors, largest_first_at_most, set_fix
 from verl_safe_launch.rules.kit import Draft, check, kv, plan, skipped
+from verl_safe_launch.rules.mcore import megatron_tp_ok
 from verl_safe_launch.rules.plan import (
     ACTOR_MICRO,
     GPUS_PER_NODE,
@@ -49,12 +50,15 @@ def distinct(p: BatchPlan, layout: RoleLayout) -> bool:
     return not same
 
 
-def model_parallel_fix(layout: RoleLayout, gpus: int) -> KeyFix | None:
-    """Tensor parallel sizes that make tp·pp·cp divide the GPUs (largest ≤ current first)."""
+def model_parallel_fix(layout: RoleLayout, gpus: int, arch: Architecture | None) -> KeyFix | None:
+    """Tensor parallel sizes that make tp·pp·cp divide the GPUs and that Megatron accepts for the model's heads
+    (largest ≤ current first)."""
     rest = product(layout.pp, layout.cp)
     if not rest or gpus % rest:
         return None
-    valid = divisors(gpus // rest)
+    valid = [tp for tp in divisors(gpus // rest) if megatron_tp_ok(arch, tp)]
+    if not valid:
+        return None
     return KeyFix(layout.keys[0], tuple(largest_first_at_most(layout.tp or 1, valid)), complete=True)
 
 
@@ -72,9 +76,10 @@ def megatron_gpus(ctx: RuleContext) -> list[Draft]:
                 f"the {p.gpus} GPUs are not divisible by the {layout.role}'s tensor × pipeline × context parallel "
                 f"= {layout.tp} × {layout.pp} × {layout.cp} = {mp}; verl stops before training"
             )
-            drafts.append(
-                Draft((*layout.keys, GPUS_PER_NODE, NNODES), msg, (model_parallel_fix(layout, p.gpus),))
-            )
+            arch = ctx.critic_arch if layout.role == "critic" else ctx.actor_arch
+            path = "critic.model.path" if layout.role == "critic" else f"{ARR}.model.path"
+            fix = model_parallel_fix(layout, p.gpus, arch)
+            drafts.append(Draft((*layout.keys, GPUS_PER_NODE, NNODES), msg, (fix,), reads=(path,)))
     return drafts
 
 

@@ -6,6 +6,7 @@ from verl_safe_launch.config_view import ARR, ConfigView, format_value, is_missi
 from verl_safe_launch.context import RuleContext
 from verl_safe_launch.findings import Rule
 from verl_safe_launch.inputs import registered_names, verl_release
+from verl_safe_launch.rules.engines import rollout_tp_ok
 from verl_safe_launch.rules.fixes import KeyFix, divisors, largest_first_at_most, set_fix
 from verl_safe_launch.rules.kit import Draft, check, kv, not_positive, plan, skipped
 from verl_safe_launch.rules.plan import (
@@ -24,15 +25,19 @@ from verl_safe_launch.rules.plan import (
 R = f"{ARR}.rollout"
 LAYOUT = (ROLLOUT_TP, ROLLOUT_DP, ROLLOUT_PP)
 AFTER_LOAD = "verl only finds out after the actor is loaded on the GPUs"
+ENGINE_READS = (f"{R}.name", f"{ARR}.model.path")
+"""What a TP fix also reads: the sizes it lists are those the rollout engine accepts for the model."""
 REPLICA = "verl only finds out when it starts the rollout replicas"
 
 
-def tp_fix(p: BatchPlan, ok_world: list[int]) -> KeyFix | None:
-    """Rollout tensor parallel sizes whose replica world (tp·dp·pp) is in ``ok_world``."""
+def tp_fix(ctx: RuleContext, p: BatchPlan, ok_world: list[int]) -> KeyFix | None:
+    """Rollout tensor parallel sizes whose replica world (tp·dp·pp) is in ``ok_world`` and that the rollout
+    engine accepts for the model (``rollout_tp_ok``)."""
     rest = product(p.rollout_dp, p.rollout_pp)
     if not rest:
         return None
-    valid = sorted({w // rest for w in ok_world if w % rest == 0})
+    sizes = {w // rest for w in ok_world if w % rest == 0}
+    valid = sorted(tp for tp in sizes if rollout_tp_ok(ctx.view, ctx.actor_arch, tp))
     if not valid:
         return None
     return KeyFix(ROLLOUT_TP, tuple(largest_first_at_most(p.rollout_tp or 1, valid)), complete=True)
@@ -66,7 +71,7 @@ def rollout_world(ctx: RuleContext) -> list[Draft]:
     for gpus, keys, name in pools:
         if world and gpus and gpus % world:
             msg = f"{world_text(p)} does not divide the {gpus} GPUs of the {name} pool; {AFTER_LOAD}"
-            drafts.append(Draft((*LAYOUT, *keys), msg, (tp_fix(p, divisors(gpus)),)))
+            drafts.append(Draft((*LAYOUT, *keys), msg, (tp_fix(ctx, p, divisors(gpus)),), reads=ENGINE_READS))
     return drafts
 
 
@@ -82,7 +87,7 @@ def rollout_nodes(ctx: RuleContext) -> list[Draft]:
         f"{world_text(p)} spans nodes of {gpn} GPUs unevenly ({world} is not a multiple of {gpn}); {REPLICA}"
     )
     ok_world = [w for w in range(1, 8 * gpn + 1) if w % min(gpn, w) == 0 and (not p.gpus or p.gpus % w == 0)]
-    return [Draft((*LAYOUT, gpn_key), msg, (tp_fix(p, ok_world),))]
+    return [Draft((*LAYOUT, gpn_key), msg, (tp_fix(ctx, p, ok_world),), reads=ENGINE_READS)]
 
 
 @check("layout-rollout-vllm-dp", "vLLM with rollout data parallel: tensor parallel divides the GPUs per node")
@@ -101,8 +106,9 @@ def rollout_vllm_dp(ctx: RuleContext) -> list[Draft]:
     if not p.rollout_tp or local % p.rollout_tp == 0:
         return []
     msg = f"{kv(view, ROLLOUT_TP)} does not divide the {local} GPUs a vLLM data-parallel replica has per node; {REPLICA}"
-    valid = tuple(largest_first_at_most(p.rollout_tp, divisors(local)))
-    return [Draft((ROLLOUT_TP, ROLLOUT_DP, GPUS_PER_NODE), msg, (KeyFix(ROLLOUT_TP, valid, complete=True),))]
+    ok = [tp for tp in divisors(local) if rollout_tp_ok(view, ctx.actor_arch, tp)]
+    fix = KeyFix(ROLLOUT_TP, tuple(largest_first_at_most(p.rollout_tp, ok)), complete=True) if ok else None
+    return [Draft((ROLLOUT_TP, ROLLOUT_DP, GPUS_PER_NODE), msg, (fix,), reads=ENGINE_READS)]
 
 
 @check("layout-rollout-pp", "rollout pipeline parallel is 1 (vllm, sglang, trtllm do not implement more)")
@@ -133,10 +139,10 @@ def rollout_ep(ctx: RuleContext) -> list[Draft]:
 
 @check("layout-rollout-max-model-len", "rollout.max_model_len ≤ the model's max_position_embeddings")
 def max_model_len(ctx: RuleContext) -> list[Draft]:
-    """vLLM server: ``max_model_len ... should be less than or equal to max_position_embeddings``."""
+    """vLLM and SGLang servers: ``max_model_len ... should be less than or equal to max_position_embeddings``."""
     view, key = ctx.view, f"{R}.max_model_len"
     value = pos_int(view.get(key))
-    if value is None or view.get(f"{R}.name") != "vllm":
+    if value is None or view.get(f"{R}.name") not in ("vllm", "sglang"):
         return []
     arch = ctx.actor_arch
     if arch is None:
