@@ -135,7 +135,7 @@ def test_audit_unreadable_script_exits_2_and_audits_the_rest(cli: Cli, tmp_path:
 def test_audit_without_scripts_is_usage_error(cli: Cli) -> None:
     result = cli("audit")
     assert result.code == 2
-    assert result.err.startswith("error: the following arguments are required: SCRIPT")
+    assert result.err.startswith("error: the following arguments are required: PATH")
 
 
 # --- migrate ----------------------------------------------------------------------------------------------

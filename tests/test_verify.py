@@ -124,7 +124,12 @@ def test_unverified_text_verdict_and_strict(cli: Cli, tmp_path: Path) -> None:
     script.write_text(f"{LAUNCH} {BASE} {ARR}.rollout.name=vllm {ARR}.rollout.n=$(nproc)\n")
     result = cli("audit", str(script))
     assert result.code == 0
-    assert result.out.splitlines()[-1].startswith("UNVERIFIED: 1 part not read; 0 errors")
+    *_, verdict_line, way_forward = result.out.splitlines()
+    assert verdict_line.startswith("UNVERIFIED: 1 part not read; 0 errors")
+    assert (
+        way_forward
+        == f"to settle it, audit with the values the run gets: verl-safe-launch audit --trace {script}"
+    )
     assert cli("audit", "--strict", str(script)).code == 1
 
 
