@@ -149,10 +149,27 @@ def test_exit_codes_go_warning_and_unusable(tmp_path: Path, cli: Cli) -> None:
     assert cli("audit", str(tmp_path / "ok"), "--fail-on", "nope").code == 2
     (tmp_path / "ok" / "broken.sh").write_text("python3 -m verl.trainer.main_ppo a='x\n")
     walked = cli("audit", str(tmp_path / "ok"))
-    assert walked.code == 0 and "unreadable" in walked.out, "a broken script found by the walk is listed"
+    assert walked.code == 1, "a gate never passes a script it could not read"
+    row = next(
+        line for line in walked.out.splitlines() if line.startswith(str(tmp_path / "ok" / "broken.sh"))
+    )
+    assert row.split()[1] == "unreadable" and "unterminated single quote" in row
+    assert cli("audit", str(tmp_path / "ok"), "--exclude", "broken.sh").code == 0
     assert cli("audit", str(tmp_path / "ok" / "broken.sh")).code == 2, (
         "a named one is an unusable command line"
     )
+    document = json.loads(cli("audit", str(tmp_path / "ok"), "--format", "json").out)
+    assert document["verdict"] == "input-error", "JSON never says go where a script was not judged"
+    sarif = json.loads(cli("audit", str(tmp_path / "ok"), "--format", "sarif").out)
+    jsonschema.validate(sarif, SCHEMA, format_checker=jsonschema.Draft4Validator.FORMAT_CHECKER)
+    (unreadable,) = [r for r in sarif["runs"][0]["results"] if r["ruleId"] == "script-unreadable"]
+    assert unreadable["level"] == "error" and "unterminated single quote" in unreadable["message"]["text"]
+    location = unreadable["locations"][0]["physicalLocation"]
+    assert location["artifactLocation"]["uri"].endswith("broken.sh") and location["region"]["startLine"] == 1
+    assert sarif["runs"][0]["invocations"][0]["exitCode"] == 1
+    junit = ET.fromstring(cli("audit", str(tmp_path / "ok"), "--format", "junit").out)
+    errored = [s for s in junit.findall("testsuite") if (s.get("name") or "").endswith("broken.sh")]
+    assert errored and errored[0].get("errors") == "1"
 
 
 def test_sarif_is_valid_sarif_2_1_0_with_rules_results_and_fixes(repo: Path, cli: Cli) -> None:

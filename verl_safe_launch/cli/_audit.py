@@ -49,8 +49,9 @@ a .gitignore or --exclude leaves out; a symlink is never followed out of the fol
 launch (SFT, generation, data preparation) are listed as skipped. Arguments after '--' are audited as the
 scripts' own arguments ("$@"). A finding that a part of a script the reader could not read might change is
 "cannot verify", and the launch UNVERIFIED, with the audit command that reads it.
-exit status: 0 go or unverified, 1 no-go (errors in any launch; with --fail-on also unverified launches, or
-warnings and unreadable scripts), 2 an unusable command line (a bad option, a named script that cannot be read).
+exit status: 0 go or unverified; 1 no-go: errors in any launch, or a script found in a folder that could not be
+read (with --fail-on also unverified launches, or warnings); 2 an unusable command line (a bad option, a path
+that does not exist, a named script that cannot be read).
 """
 FORMATS = ("text", "json", "sarif", "junit")
 FAIL_ON = ("error", "unverified", "warning")
@@ -198,7 +199,7 @@ def _report(
             sarif.script(outcome.add(result))
         sarif.end(outcome.code())
     elif fmt == "junit":
-        junit = JunitWriter(sys.stdout, fail_on_warning=fail_on == "warning")
+        junit = JunitWriter(sys.stdout, fail_on=fail_on)
         junit.start()
         for result in results:
             junit.script(outcome.add(result))
@@ -242,7 +243,7 @@ class _Outcome:
 
     def add(self, result: ScriptAudit) -> ScriptAudit:
         self.unusable |= result.error is not None and result.named
-        self.warned |= result.error is not None
+        self.no_go |= result.error is not None  # a gate never passes a script it could not read
         for launch in result.launches:
             self.no_go |= launch.verdict == "no-go"
             self.unverified |= launch.verdict == "unverified"

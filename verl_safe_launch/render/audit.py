@@ -147,7 +147,7 @@ def audit_json(results: list[ScriptAudit]) -> dict[str, object]:
     everything = [f for r in results for launch in r.launches for f in launch.findings]
     unread = sum(item.unread for r in results for item in r.launches)
     fields = {"scripts": [_script_json(r) for r in results]}
-    unreadable = any(r.error is not None and r.named for r in results)
+    unreadable = any(r.error is not None for r in results)
     return json_document(fields, everything, list_findings=False, unread=unread, unreadable=unreadable)
 
 

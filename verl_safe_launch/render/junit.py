@@ -25,9 +25,10 @@ def _attr(value: str) -> str:
 class JunitWriter:
     """Streams one ``<testsuites>`` document: ``start``, ``script`` per audited script, ``end``."""
 
-    def __init__(self, out: IO[str], *, fail_on_warning: bool = False) -> None:
+    def __init__(self, out: IO[str], *, fail_on: str = "error") -> None:
         self.out = out
-        self.fail_on_warning = fail_on_warning
+        self.fail_on = fail_on
+        """``error``: NO-GO launches fail; ``unverified``: UNVERIFIED ones too; ``warning``: also warnings."""
 
     def start(self) -> None:
         """The document's head."""
@@ -58,8 +59,9 @@ class JunitWriter:
     def _fails(self, launch: LaunchAudit) -> bool:
         if launch.verdict == "no-go":
             return True
-        warned = any(f.severity is Severity.WARNING for f in launch.findings)
-        return self.fail_on_warning and (warned or launch.verdict == "unverified")
+        if launch.verdict == "unverified" and self.fail_on in ("unverified", "warning"):
+            return True
+        return self.fail_on == "warning" and any(f.severity is Severity.WARNING for f in launch.findings)
 
     def _case(self, result: ScriptAudit, launch: LaunchAudit) -> str:
         head = f"    <testcase classname={_attr(result.path)} name={_attr(launch.launch.label)}"

@@ -5,15 +5,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Sequence
 from typing import IO, Any
 
+from verl_safe_launch.errors import VslError
 from verl_safe_launch.findings import Finding
 from verl_safe_launch.preflight import Catalogued, ScriptAudit, finding_key, script_key
 from verl_safe_launch.provenance import Layer
 
 SARIF_SCHEMA = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
 LEVELS = {"error": "error", "warning": "warning", "info": "note"}
+UNREADABLE = "script-unreadable"
+"""The result of a script found in a folder that could not be read (it fails the gate)."""
 
 
 def rule_descriptor(row: Catalogued) -> dict[str, Any]:
@@ -61,10 +65,12 @@ class SarifWriter:
 
     def script(self, result: ScriptAudit) -> None:
         """The results of one script (its baselined findings as suppressed ones); a skip as a notification."""
-        if result.skipped is not None or result.error is not None:
-            why = result.skipped or (result.error.what if result.error else "")
-            level = "note" if result.skipped is not None else "warning"
-            self.notes.append({"level": level, "message": {"text": f"{result.path}: {why}"}})
+        if result.skipped is not None:
+            self.notes.append({"level": "note", "message": {"text": f"{result.path}: {result.skipped}"}})
+            return
+        if result.error is not None:
+            self.notes.append({"level": "error", "message": {"text": f"{result.path}: {result.error.what}"}})
+            self._write(self.unreadable(result.error, script_key(result.path)))
             return
         script = script_key(result.path)
         for launch in result.launches:
@@ -98,6 +104,26 @@ class SarifWriter:
             item["baselineState"] = state
         if state == "unchanged":
             item["suppressions"] = [{"kind": "external", "justification": "accepted in the baseline"}]
+        return item
+
+    def unreadable(self, error: VslError, script: str) -> dict[str, Any]:
+        """A script the reader could not read, as an error result on the line it stopped at (code scanning shows
+        results, not notifications: the gate fails on it, so the reason is shown where the script is)."""
+        where = re.search(r":(\d+)$", error.where or "")
+        region = {"startLine": int(where.group(1)) if where else 1}
+        item: dict[str, Any] = {
+            "ruleId": UNREADABLE,
+            "level": "error",
+            "message": {"text": error.what + (f"\nfix: {error.fix}" if error.fix else "")},
+            "locations": [{"physicalLocation": {"artifactLocation": {"uri": script}, "region": region}}],
+            "partialFingerprints": {
+                "verlSafeLaunch/v1": hashlib.sha256(f"{UNREADABLE}/{script}".encode()).hexdigest()[:32]
+            },
+        }
+        if UNREADABLE in self.index:
+            item["ruleIndex"] = self.index[UNREADABLE]
+        if self.baseline:
+            item["baselineState"] = "new"
         return item
 
     def end(self, exit_code: int) -> None:
