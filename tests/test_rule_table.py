@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import CliResult
 
-from verl_safe_launch.data.rulebook import SEVERITIES, rule_book
+from verl_safe_launch.data.rulebook import DOCS_URL_ENV, SEVERITIES, docs_url, project_docs_url, rule_book
 from verl_safe_launch.preflight import rule_catalog
 from verl_safe_launch.render import rule_pages
 
@@ -60,8 +60,22 @@ def test_rows_are_complete() -> None:
         assert (row.example is not None) + (row.replayed_by is not None) + (row.unreachable is not None) == 1
         if row.replayed_by:
             assert row.id in (ROOT / row.replayed_by).read_text(), f"{row.replayed_by} never reaches {row.id}"
+
+
+def test_docs_url_is_the_packages_documentation_url(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One address for the docs: pyproject's Documentation URL (as installed), mkdocs' site_url by default,
+    every rule's URL under it; VSL_DOCS_URL moves all of them."""
+    import tomllib
+
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["urls"]["Documentation"]
+    monkeypatch.delenv(DOCS_URL_ENV, raising=False)
+    assert project_docs_url() == declared and docs_url() == declared
     mkdocs = (ROOT / "mkdocs.yml").read_text()
-    assert f"site_url: {book.docs_url}\n" in mkdocs
+    assert f'site_url: !ENV [{DOCS_URL_ENV}, "{declared}"]\n' in mkdocs
+    row = rule_book().by_id["layout-rollout-world"]
+    assert row.url == f"{declared}rules/layout/#layout-rollout-world"
+    monkeypatch.setenv(DOCS_URL_ENV, "https://docs.example.org/vsl")
+    assert row.url == "https://docs.example.org/vsl/rules/layout/#layout-rollout-world"
 
 
 def test_live_rules_agree_with_their_rows() -> None:
@@ -98,8 +112,9 @@ def test_example_triggers_its_rule(row, cli: Cli, tmp_path: Path, monkeypatch: p
     assert severities & {row.severity, *row.also}, (row.id, sorted({f["rule_id"] for f in findings}))
 
 
-def test_docs_rules_are_generated_from_the_table() -> None:
+def test_docs_rules_are_generated_from_the_table(monkeypatch: pytest.MonkeyPatch) -> None:
     """docs/rules/ equals what the table generates (VSL_UPDATE_GOLDEN=1 rewrites it)."""
+    monkeypatch.delenv(DOCS_URL_ENV, raising=False)
     pages = rule_pages(rule_catalog(), rule_book())
     folder = ROOT / "docs" / "rules"
     if os.environ.get("VSL_UPDATE_GOLDEN") == "1":

@@ -8,11 +8,37 @@ added to the table without touching the rows that do not need it.
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
 SEVERITIES = ("error", "warning", "info")
+DOCS_URL_ENV = "VSL_DOCS_URL"
+"""Overrides where the docs are published (a fork's or a company's own copy of the site)."""
+
+
+def docs_url() -> str:
+    """Where the docs are published, ending in ``/``: ``$VSL_DOCS_URL``, else the package's ``Documentation``
+    project URL (``[project.urls]`` of pyproject.toml); the rule pages are under ``rules/`` there."""
+    url = os.environ.get(DOCS_URL_ENV, "").strip() or project_docs_url()
+    return url if not url or url.endswith("/") else url + "/"
+
+
+@functools.cache
+def project_docs_url() -> str:
+    """The ``Documentation`` URL of the installed package's metadata ("" when it is not installed)."""
+    from importlib.metadata import PackageNotFoundError, metadata
+
+    try:
+        entries = metadata("verl-safe-launch").get_all("Project-URL") or []
+    except PackageNotFoundError:
+        return ""
+    for entry in entries:
+        label, _, url = entry.partition(",")
+        if label.strip().lower() == "documentation":
+            return str(url).strip()
+    return ""
 
 
 @dataclass(frozen=True)
@@ -66,16 +92,15 @@ class RuleInfo:
 
     @property
     def url(self) -> str:
-        """The rule's address on the docs site."""
-        return f"{rule_book().docs_url}rules/{self.group}/#{self.id}"
+        """The rule's address on the docs site (see ``docs_url``)."""
+        return f"{docs_url()}rules/{self.group}/#{self.id}"
 
 
 @dataclass(frozen=True)
 class RuleBook:
-    """The whole table: the rows in order, the docs site, the pages' titles and the shared example arguments."""
+    """The whole table: the rows in order, the pages' titles and the shared example arguments."""
 
     rules: tuple[RuleInfo, ...]
-    docs_url: str
     groups: dict[str, str]
     bases: dict[str, tuple[str, ...]]
 
@@ -98,7 +123,7 @@ def rule_book() -> RuleBook:
     data = yaml.safe_load(text)
     bases = {name: tuple(str(a) for a in args) for name, args in data.get("bases", {}).items()}
     rows = tuple(_row(item, bases) for item in data["rules"])
-    return RuleBook(rows, str(data["docs_url"]), dict(data["groups"]), bases)
+    return RuleBook(rows, dict(data["groups"]), bases)
 
 
 _KNOWN = frozenset({"id", "group", "severity", "also", "checks", "fix", "since", "example", "replayed_by"})
@@ -140,4 +165,13 @@ def _key(arg: str) -> str:
     return arg.lstrip("+~").partition("=")[0]
 
 
-__all__ = ["SEVERITIES", "Example", "RuleBook", "RuleInfo", "rule_book"]
+__all__ = [
+    "DOCS_URL_ENV",
+    "SEVERITIES",
+    "Example",
+    "RuleBook",
+    "RuleInfo",
+    "docs_url",
+    "project_docs_url",
+    "rule_book",
+]

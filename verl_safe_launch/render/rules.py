@@ -5,7 +5,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Sequence
 
-from verl_safe_launch.data.rulebook import RuleBook, RuleInfo
+from verl_safe_launch.data.rulebook import DOCS_URL_ENV, RuleBook, RuleInfo, docs_url
 from verl_safe_launch.preflight import Catalogued
 from verl_safe_launch.render.table import Column, render_table
 
@@ -81,6 +81,11 @@ def _index(catalog: Sequence[Catalogued], book: RuleBook) -> str:
         "`verl-safe-launch rules` lists them and `verl-safe-launch explain RULE` shows one. Each entry has an example",
         "that triggers it; the test suite replays every example. Errors block the launch (exit 1); warnings and info",
         "do not ([findings and verdicts](../concepts/findings.md)).",
+        "",
+        f"These pages are published at <{docs_url()}rules/>: each rule's page there is what SARIF's `helpUri` and",
+        "`explain RULE` point to. The address is the package's `Documentation` URL (`[project.urls]` in",
+        f"`pyproject.toml`, also mkdocs' `site_url`); `{DOCS_URL_ENV}` overrides it for a copy of the site published",
+        "elsewhere.",
         "",
         "| rule | severity | checks |",
         "|---|---|---|",

@@ -9,6 +9,7 @@ import re
 from collections.abc import Sequence
 from typing import IO, Any
 
+from verl_safe_launch.data.rulebook import docs_url
 from verl_safe_launch.errors import VslError
 from verl_safe_launch.findings import Finding
 from verl_safe_launch.preflight import Catalogued, ScriptAudit, finding_key, script_key
@@ -57,9 +58,10 @@ class SarifWriter:
         driver = {
             "name": "verl-safe-launch",
             "version": self.version,
-            "informationUri": self.catalog[0].info.url.split("rules/")[0] if self.catalog else None,
             "rules": [rule_descriptor(row) for row in self.catalog],
         }
+        if docs_url():
+            driver["informationUri"] = docs_url()
         head = json.dumps({"version": "2.1.0", "$schema": SARIF_SCHEMA})[:-1]
         self.out.write(f'{head}, "runs": [{{"tool": {{"driver": {json.dumps(driver)}}}, "results": [\n')
 
