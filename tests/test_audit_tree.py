@@ -271,3 +271,30 @@ def test_the_printed_command_settles_an_unverified_launch(
     second = json.loads(rerun.out)
     verdicts = [launch["verdict"] for s in second["scripts"] for launch in s["launches"]]
     assert verdicts and all(v in ("go", "no-go") for v in verdicts), (shape, command, second)
+
+
+def test_the_documented_pre_commit_hook_audits_the_changed_scripts(repo: Path, cli: Cli) -> None:
+    """The docs' ``repo: local`` hook is the packaged hook run from the environment: same entry and files; its
+    entry, given the files its pattern selects (as pre-commit passes them), gates on the broken one."""
+    import re
+
+    import yaml
+
+    page = (Path(__file__).resolve().parent.parent / "docs" / "verbs" / "audit.md").read_text()
+    block = page[page.index("```yaml\nrepos:\n  - repo: local") + len("```yaml\n") :]
+    config = yaml.safe_load(block[: block.index("```")])
+    (hook,) = config["repos"][0]["hooks"]
+    (packaged,) = yaml.safe_load(
+        (Path(__file__).resolve().parent.parent / ".pre-commit-hooks.yaml").read_text()
+    )
+    assert config["repos"][0]["repo"] == "local" and hook["language"] == "system"
+    assert {k: hook[k] for k in ("id", "entry", "files")} == {
+        k: packaged[k] for k in ("id", "entry", "files")
+    }
+    changed = ["recipes/grpo.sh", "recipes/broken_batch.sh", "recipes/sft.sh", "tools/notes.md"]
+    selected = [name for name in changed if re.search(hook["files"], name)]
+    assert selected == changed[:3]
+    words = hook["entry"].split()
+    assert words[0] == "verl-safe-launch"
+    assert cli(*words[1:], *(str(repo / name) for name in selected)).code == 1
+    assert cli(*words[1:], *(str(repo / name) for name in selected if "broken" not in name)).code == 0
