@@ -26,6 +26,7 @@ from verl_safe_launch.audit.migrate import (
     hydra_literal,
     plan_migration,
     render_yaml,
+    yaml_scalar,
 )
 from verl_safe_launch.audit.parallel import ACTOR_SP, CRITIC_SP, GPUS_KEYS, REF_SP, Layout, read_layout
 from verl_safe_launch.audit.project import (
@@ -121,4 +122,5 @@ __all__ = [
     "token_key",
     "version",
     "yaml_deprecations",
+    "yaml_scalar",
 ]

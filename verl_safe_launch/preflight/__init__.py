@@ -5,6 +5,7 @@ from __future__ import annotations
 from verl_safe_launch.preflight.advice import verify_advice, verl_validation
 from verl_safe_launch.preflight.baseline import Baseline, BaselineWriter, finding_key, script_key
 from verl_safe_launch.preflight.catalog import Catalogued, catalogued, rule_catalog
+from verl_safe_launch.preflight.fitfile import FittedFile, fitted_file
 from verl_safe_launch.preflight.pipeline import Preflight, launch_preflight, rule_context, run_preflight
 from verl_safe_launch.preflight.recheck import rechecked
 from verl_safe_launch.preflight.release import (
@@ -23,6 +24,7 @@ __all__ = [
     "Baseline",
     "BaselineWriter",
     "Catalogued",
+    "FittedFile",
     "Found",
     "JobLint",
     "LaunchAudit",
@@ -32,6 +34,7 @@ __all__ = [
     "catalogued",
     "find_scripts",
     "finding_key",
+    "fitted_file",
     "header_json",
     "header_lines",
     "launch_preflight",
