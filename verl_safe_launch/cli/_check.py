@@ -57,7 +57,7 @@ def main(args: Sequence[str], offset: int) -> int:
     preflight = run_preflight(compose_for_launch(request_from_args(ns, args, offset), fit=ns.fit))
     written = _write(target, preflight.composed, ok=preflight.ok, force=ns.force, inputs=ns.config or ())
     if ns.format == "json":
-        print_json(json_document({"written": written}, preflight.findings))
+        print_json(json_document({"written": written} if target else {}, preflight.findings))
     else:
         print("\n".join(header_lines()))
         print(render_report(preflight.findings, verbose=ns.verbose), end="")
