@@ -44,7 +44,8 @@ def settle_command(
     if launch.worlds:
         names = list(dict.fromkeys([*names, *_outside_names(launch.path)]))
     arguments = any(_ARGUMENT.search(part.detail) for part in parts)
-    static = not arguments and _reads_all(launch.path, launch.index, tuple(names))
+    # With no name to set, reading again would read what was read: the unread parts stay unread.
+    static = bool(names) and not arguments and _reads_all(launch.path, launch.index, tuple(names))
     words = ["verl-safe-launch", "audit", *([] if static else ["--trace"])]
     words += [f'--env {name}="${name}"' for name in names]
     words.append(shlex.quote(launch.path))
