@@ -164,7 +164,56 @@ def test_run_directory_config_is_used_when_no_config_is_given(
     data = json.loads(r.out)
     assert data["knob_value"] == 40 and data["notes"][0].startswith(f"config: {tmp_path / 'config.yaml'}")
     bare = json.loads(cli("oom", str(LOGS / "legacy_update_actor.log"), "--format", "json").out)
-    assert bare["notes"][0].startswith("no config given (-c FILE with the run's config)")
+    assert bare["notes"][0].startswith("no config given: the checklist is ranked from the log alone")
+    assert bare["paste"] == [] and bare["knob_value"] is None
+    defaults = json.loads(
+        cli(
+            "oom", str(LOGS / "legacy_update_actor.log"), "data.max_response_length=512", "--format", "json"
+        ).out
+    )
+    assert defaults["notes"][0].startswith("no config given (-c FILE with the run's config)")
+
+
+@pytest.mark.parametrize(
+    ("log", "first", "freed"),
+    [
+        (
+            "v1_compute_log_prob.log",
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu: halve it",
+            13.91 / 2,
+        ),
+        (
+            "entropy_update_actor.log",
+            "actor_rollout_ref.actor.fsdp_config.entropy_from_logits_with_chunking=true",
+            9.27,
+        ),
+        (
+            "container_zero_bytes.log",
+            "+ray_kwargs.ray_init.runtime_env.env_vars.PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+            None,
+        ),
+        ("legacy_update_critic.log", "critic.ppo_infer_max_token_len_per_gpu: halve it", 2.19 / 2),
+    ],
+)
+def test_without_a_config_the_checklist_is_ranked_from_the_log_alone(
+    cli: Callable[..., CliResult], log: str, first: str, freed: float | None
+) -> None:
+    """No config: no value is known, so nothing to paste; the log's own numbers rank what each change frees
+    (the failed allocation grows with the micro batch's tokens; reserved-but-unallocated is what expandable
+    segments give back), and what only the config can size comes last."""
+    text = cli("oom", str(LOGS / log))
+    assert text.code == 0, text.err
+    assert "checklist (" in text.out and "\npaste:" not in text.out
+    assert "verl-safe-launch oom LOG -c CONFIG" in text.out
+    data = json.loads(cli("oom", str(LOGS / log), "--format", "json").out)
+    remedies = data["remedies"]
+    assert remedies[0]["overrides"][0] == first
+    if freed is not None:
+        assert remedies[0]["freed_gib"] == pytest.approx(freed, abs=0.01)
+    sized = [r["freed_gib"] for r in remedies if r["freed_gib"] is not None]
+    assert sized == sorted(sized, reverse=True)
+    unsized = [i for i, r in enumerate(remedies) if r["freed_gib"] is None]
+    assert unsized and min(unsized) >= len(sized)  # what the log cannot size comes last
 
 
 def big_log(path: Path, megabytes: int) -> Path:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shlex
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -73,7 +74,7 @@ def _unreachable(target: JobTarget, what: str, detail: str) -> UsageError:
     return UsageError(f"cannot {what} at {target.address} ({target.source}): {detail}", fix=fix)
 
 
-AGENT_WAIT_S = 60.0
+AGENT_WAIT_S = 180.0
 """How long a job submission waits for the head's job agent, which registers a moment after the head is up."""
 _NO_AGENT = "No available agent to submit job"
 
@@ -82,13 +83,20 @@ def submit_job(job_client: Any, target: JobTarget, wait_s: float = AGENT_WAIT_S,
     """Submit through Ray's job API; a head whose job agent has not registered yet (Ray answers "No available
     agent to submit job, please try again later") is asked again until ``wait_s`` has passed."""
     deadline = time.monotonic() + wait_s
+    said = False
     while True:
         try:
             return str(with_deadline(lambda: job_client.submit_job(**job), 60, target, "submit the job"))
         except UsageError as exc:
             if _NO_AGENT not in exc.what or time.monotonic() >= deadline:
                 raise
-        time.sleep(1.0)
+            if not said:
+                print(
+                    f"the cluster's job agent is not up yet: asking again for up to {wait_s:g} s",
+                    file=sys.stderr,
+                )
+                said = True
+        time.sleep(2.0)
 
 
 def token_fix(env: Mapping[str, str]) -> str:

@@ -14,6 +14,7 @@ from verl_safe_launch.doctor import (
     MAX_EVENTS,
     OomEvent,
     diagnose,
+    diagnose_log_only,
     diagnosis_json,
     find_ooms,
     first_oom,
@@ -62,9 +63,12 @@ def main(args: Sequence[str], offset: int) -> int:
             fix="pass the log that holds torch's 'CUDA out of memory' message or vLLM/SGLang's KV-cache error",
         )
     note = _config_note(ns, path)
-    request = request_from_args(_without_path(ns), args, offset)
-    ctx = rule_context(require_accepted(compose_for_launch(request)))
-    result = diagnose(events[0], ctx, record)
+    if note is None and not ns.config and not ns.overrides:
+        result = diagnose_log_only(events[0], record)  # nothing tells the values that failed
+    else:
+        request = request_from_args(_without_path(ns), args, offset)
+        ctx = rule_context(require_accepted(compose_for_launch(request)))
+        result = diagnose(events[0], ctx, record)
     if note:
         result = dataclasses.replace(result, notes=(note, *result.notes))
     if ns.format == "json":
@@ -97,7 +101,9 @@ def _config_note(ns: argparse.Namespace, path: Path) -> str | None:
     if saved is not None and saved.is_file():
         ns.config = [str(saved)]
         return f"config: {saved} (the run's resolved config)"
-    return "no config given (-c FILE with the run's config): the checklist starts from verl's defaults"
+    if ns.overrides:
+        return "no config given (-c FILE with the run's config): the checklist starts from verl's defaults"
+    return None
 
 
 def _without_path(ns: argparse.Namespace) -> argparse.Namespace:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from verl_safe_launch.doctor.oom_doctor import Diagnosis, Remedy, diagnose, diagnosis_json, render_diagnosis
+from verl_safe_launch.doctor.log_only import diagnose_log_only
+from verl_safe_launch.doctor.oom_doctor import Diagnosis, Remedy, diagnose
 from verl_safe_launch.doctor.oom_log import MAX_EVENTS, OomEvent, find_ooms, scan_lines
 from verl_safe_launch.doctor.postmortem import (
     NO_CUDA_FIX,
@@ -15,6 +16,7 @@ from verl_safe_launch.doctor.postmortem import (
     read_records,
     render_peaks,
 )
+from verl_safe_launch.doctor.report import diagnosis_json, render_diagnosis
 
 __all__ = [
     "MAX_EVENTS",
@@ -24,6 +26,7 @@ __all__ = [
     "OomEvent",
     "Remedy",
     "diagnose",
+    "diagnose_log_only",
     "diagnosis_json",
     "failure_report",
     "find_ooms",

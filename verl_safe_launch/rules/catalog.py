@@ -17,6 +17,7 @@ from verl_safe_launch.rules import (
     model,
     modes,
     registry,
+    reward,
     rollout,
     verl_static,
 )
@@ -31,6 +32,7 @@ RULES: tuple[Rule[RuleContext], ...] = (
     *model.RULES,
     *modes.RULES,
     *registry.RULES,
+    *reward.RULES,
     *rollout.RULES,
     *verl_static.RULES,
 )
