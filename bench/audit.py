@@ -4,7 +4,8 @@ composed on the way) and warm (the same scripts again).
     python bench/audit.py [FOLDER ...] [--limit N]
 
 Without folders: tests/data/scripts/corpus/ and, where it exists, the verl example scripts of a corpus folder
-(VSL_BENCH_CORPUS, default /work/research/corpus/releases-examples/v0.9.0 and main-0.10.0.dev).
+(VSL_BENCH_CORPUS/v0.9.0, main-0.10.0.dev and v0.8.0; VSL_BENCH_CORPUS defaults to
+/work/research/corpus/releases-examples), the first 250 scripts that launch main_ppo.
 """
 
 from __future__ import annotations
