@@ -267,17 +267,26 @@ def test_shadowed_user_file(tmp_path: Path) -> None:
     found = [
         f for f in run("data.train_batch_size=128", NAME, files=(run_yaml,)) if f.rule_id == "shadowed-value"
     ]
+    assert [(f.severity, f.message, f.fix) for f in found] == [
+        (
+            Severity.INFO,
+            f"data.train_batch_size: 128 from argument 1 replaces 64 from {run_yaml}:2",
+            "nothing to do if intended; drop argument 1 to keep the file's 64",
+        )
+    ], "a command-line value over a -c file's is an intended override: fixes stack on the file"
+
+
+def test_a_later_file_silently_beating_an_earlier_one_is_a_warning(tmp_path: Path) -> None:
+    first, second = tmp_path / "base.yaml", tmp_path / "exp.yaml"
+    first.write_text("data:\n  train_batch_size: 64\n")
+    second.write_text("data:\n  train_batch_size: 32\n")
+    found = [f for f in run(NAME, files=(first, second)) if f.rule_id == "shadowed-value"]
     assert [(f.severity, f.message) for f in found] == [
         (
             Severity.WARNING,
-            f"data.train_batch_size is 64 in {run_yaml}:2 but 128 on argument 1; the command line wins, "
-            "so the run uses 128",
+            f"data.train_batch_size is 64 in {first}:2 but 32 on {second}:2; the user file wins, so the run uses 32",
         )
     ]
-    assert found[0].fix == (
-        f"keep one: set data.train_batch_size: 128 in {run_yaml}:2 and drop the override, "
-        "or drop the override to keep 64"
-    )
 
 
 def test_shadowed_preset_value_is_info() -> None:

@@ -135,7 +135,7 @@ def test_audit_unreadable_script_exits_2_and_audits_the_rest(cli: Cli, tmp_path:
 def test_audit_without_scripts_is_usage_error(cli: Cli) -> None:
     result = cli("audit")
     assert result.code == 2
-    assert result.err.startswith("error: the following arguments are required: SCRIPT")
+    assert result.err.startswith("error: the following arguments are required: PATH")
 
 
 # --- migrate ----------------------------------------------------------------------------------------------
@@ -275,3 +275,20 @@ def test_info_notes_are_one_line_unless_verbose(cli: Cli) -> None:
     assert "info [" not in short.out and "--verbose lists them" in short.out
     assert full.out.count("info [") >= 2 and "--verbose lists them" not in full.out
     assert short.out.splitlines()[-1] == full.out.splitlines()[-1]  # the same verdict and counts
+
+
+def test_fixes_pasted_after_a_config_file_stack_without_a_warning(cli: Cli) -> None:
+    """The tool's own fix, pasted on the command line after ``-c FILE``, replaces the file's value: an intended
+    override (info), so ``check`` goes from NO-GO to no warning about it, and ``--strict``-style gates pass on it."""
+    base = ["-c", str(EXAMPLES / "grpo_6gpu.yaml"), "hardware.nodes=1", "hardware.gpus_per_node=6"]
+    first = json.loads(cli("check", *base, "--format", "json").out)
+    micro = "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"
+    broken = json.loads(cli("check", *base, f"{micro}=16", "--format", "json").out)
+    (error,) = [f for f in broken["findings"] if f["rule_id"] == "batch-micro-divides-mini"]
+    pasted = error["fix"].split(" ")[0]
+    assert pasted.startswith(f"{micro}=")
+    fixed = json.loads(cli("check", *base, pasted, "--format", "json").out)
+    assert fixed["verdict"] == "go"
+    shadowed = [f for f in fixed["findings"] if f["rule_id"] == "shadowed-value"]
+    assert [f["severity"] for f in shadowed] == ["info"], "the file's 8 replaced on purpose"
+    assert fixed["summary"]["warnings"] == first["summary"]["warnings"], "no warning beyond the file's own"

@@ -131,7 +131,14 @@ def test_strict_json_replaces_only_non_finite_numbers() -> None:
 
 def test_an_unreadable_script_is_never_go(tmp_path: Path, cli: Callable[..., CliResult]) -> None:
     good = str(DATA / "scripts" / "grpo_gsm8k.sh")
-    for argv in ((str(tmp_path / "missing.sh"),), (good, str(tmp_path / "missing.sh"))):
+    missing = cli("audit", good, str(tmp_path / "missing.sh"), "--format", "json")
+    assert (missing.code, missing.out) == (2, ""), (
+        "a path that does not exist: nothing is read, nothing written"
+    )
+    assert missing.err.startswith(f"error: {tmp_path / 'missing.sh'} does not exist")
+    broken = tmp_path / "broken.sh"
+    broken.write_text("python3 -m verl.trainer.main_ppo a='x\n")
+    for argv in ((str(broken),), (good, str(broken))):
         result = cli("audit", *argv, "--format", "json")
         assert result.code == 2
         data = strict_loads(result.out)

@@ -230,3 +230,26 @@ def test_yaml_types_match_omegaconf() -> None:
 
     doc = parse_yaml("lr: 1e-6\nwhen: 2024-01-01\nflag: true\nnone: null\n", "x.yaml", expand_dots=True)
     assert doc.data == {"lr": 1e-6, "when": "2024-01-01", "flag": True, "none": None}
+
+
+def test_a_refused_group_choice_is_refused_again_without_composing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A folder's scripts naming the same missing config file get Hydra's same refusal, composed once."""
+    from verl_safe_launch.compose import _hydra
+
+    calls: list[object] = []
+    real = _hydra.compose_defaults
+
+    def counted(overrides: Any) -> Any:
+        calls.append(overrides)
+        return real(overrides)
+
+    monkeypatch.setattr(_hydra, "compose_defaults", counted)
+    errors = []
+    for _ in range(2):
+        with pytest.raises(ConfigError) as info:
+            _compose("model_engine=missing_twice", "data.train_batch_size=60")
+        errors.append((str(info.value), info.value.where, info.value.fix))
+    assert len(calls) == 1
+    assert errors[0] == errors[1]
+    assert "Could not find 'model_engine/missing_twice'" in errors[0][0]
+    assert errors[0][1] == "command line, argument 1 (model_engine=missing_twice)"

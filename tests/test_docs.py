@@ -49,7 +49,12 @@ def _anchors(page: Path) -> set[str]:
     return {_slug(line.lstrip("#").strip()) for line in page.read_text().splitlines() if line.startswith("#")}
 
 
-NAV = _nav_pages(yaml.safe_load((ROOT / "mkdocs.yml").read_text())["nav"])
+class _MkdocsLoader(yaml.SafeLoader):
+    """mkdocs.yml as mkdocs reads it: ``!ENV [NAME, default]`` is the default (the variable unset)."""
+
+
+_MkdocsLoader.add_constructor("!ENV", lambda loader, node: loader.construct_sequence(node)[-1])
+NAV = _nav_pages(yaml.load((ROOT / "mkdocs.yml").read_text(), Loader=_MkdocsLoader)["nav"])
 
 
 def test_readme_is_a_front_page() -> None:
@@ -113,3 +118,8 @@ def test_site_builds_in_strict_mode(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout
     assert "WARNING" not in done.stdout, done.stdout
     assert (tmp_path / "site" / "verbs" / "check" / "index.html").is_file()
+    from verl_safe_launch.data.rulebook import rule_book
+
+    for row in rule_book().rules:  # the address SARIF's helpUri and `explain` give each rule exists
+        page = tmp_path / "site" / "rules" / row.group / "index.html"
+        assert f'id="{row.id}"' in page.read_text(), f"{row.url}: no such anchor in the built site"

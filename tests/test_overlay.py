@@ -63,6 +63,11 @@ POOL = [
     f"{ARR}.rollout.gpu_memory_utilization=0.7",
     "trainer.nnodes=2",
     "trainer.nnodes=3",
+    f"+{ARR}.rollout.engine_kwargs.vllm.compilation_config.cudagraph_mode=FULL_AND_PIECEWISE",  # under {}
+    f"++{ARR}.rollout.engine_kwargs.vllm.max_model_len=8192",
+    f"{ARR}.rollout.engine_kwargs.vllm.swap_space=4",  # plain: refused
+    f"+{ARR}.actor.optim.override_optimizer_config.optimizer_offload_fraction=1",  # under null
+    "+data.apply_chat_template_kwargs.enable_thinking=True",
 ]
 
 
@@ -80,6 +85,8 @@ PLUS = [
     ("+data.train_batch_size=1", False),
     (f"++{ARR}.rollout.n=2", True),
     ("+trainer.brand_new=1", True),
+    (f"+{ARR}.rollout.engine_kwargs.vllm.compilation_config.cudagraph_mode=FULL", True),  # opens an empty {}
+    (f"+{ARR}.actor.optim.override_optimizer_config.optimizer_offload_fraction=1", True),  # opens a null
 ]
 
 

@@ -20,7 +20,8 @@ BASE = (
     f"{ARR}.model.path=Qwen/Qwen2.5-0.5B-Instruct {ARR}.actor.ppo_mini_batch_size=8 "
     f"{ARR}.actor.ppo_micro_batch_size_per_gpu=1 {ARR}.rollout.log_prob_micro_batch_size_per_gpu=1 "
     f"{ARR}.ref.log_prob_micro_batch_size_per_gpu=1 "
-    "data.train_batch_size=16 trainer.n_gpus_per_node=8 trainer.nnodes=1 algorithm.adv_estimator=grpo"
+    "data.train_batch_size=16 trainer.n_gpus_per_node=8 trainer.nnodes=1 algorithm.adv_estimator=grpo "
+    f"{ARR}.rollout.n=2"
 )
 
 
@@ -124,7 +125,12 @@ def test_unverified_text_verdict_and_strict(cli: Cli, tmp_path: Path) -> None:
     script.write_text(f"{LAUNCH} {BASE} {ARR}.rollout.name=vllm {ARR}.rollout.n=$(nproc)\n")
     result = cli("audit", str(script))
     assert result.code == 0
-    assert result.out.splitlines()[-1].startswith("UNVERIFIED: 1 part not read; 0 errors")
+    *_, verdict_line, way_forward = result.out.splitlines()
+    assert verdict_line.startswith("UNVERIFIED: 1 part not read; 0 errors")
+    assert (
+        way_forward
+        == f"to settle it, audit with the values the run gets: verl-safe-launch audit --trace {script}"
+    )
     assert cli("audit", "--strict", str(script)).code == 1
 
 

@@ -36,6 +36,7 @@ from verl_safe_launch.audit.migrate import (
     hydra_literal,
     plan_migration,
     render_yaml,
+    yaml_scalar,
 )
 from verl_safe_launch.audit.parallel import ACTOR_SP, CRITIC_SP, GPUS_KEYS, REF_SP, Layout, read_layout
 from verl_safe_launch.audit.project import (
@@ -58,6 +59,7 @@ from verl_safe_launch.audit.readings import (
     unread_because,
 )
 from verl_safe_launch.audit.run import AUDIT_RULES, audit, script_findings
+from verl_safe_launch.audit.settle import env_names, settle_command
 from verl_safe_launch.audit.table import AuditContext
 from verl_safe_launch.audit.upgrade import (
     HAND_MOVES,
@@ -122,6 +124,7 @@ __all__ = [
     "deciding_parts",
     "depends_on",
     "detect",
+    "env_names",
     "equivalent_values",
     "evidence_of",
     "flatten_release_yaml",
@@ -155,8 +158,10 @@ __all__ = [
     "runtime_refusal",
     "same_value",
     "script_findings",
+    "settle_command",
     "token_key",
     "unread_because",
     "version",
     "yaml_deprecations",
+    "yaml_scalar",
 ]

@@ -19,9 +19,10 @@ from verl_safe_launch.provenance import LAYER_TITLES, Layer, Source, Write
 _USER_LAYERS = (Layer.FILE, Layer.SCRIPT, Layer.CLI)
 _SEVERITY_BY_PAIR = {
     (Layer.FILE, Layer.SCRIPT): Severity.WARNING,
-    (Layer.FILE, Layer.CLI): Severity.WARNING,
-    (Layer.FILE, Layer.FILE): Severity.INFO,
+    (Layer.FILE, Layer.FILE): Severity.WARNING,
 }
+"""A file's value silently beaten: by a script that hard-codes the key, or by a later file of the same layer.
+A command-line value replacing a file's is an intended override (info): that is how fixes are applied."""
 
 
 def _group(source: Source) -> tuple[Layer, str | None]:
@@ -80,7 +81,10 @@ def _positions(writes: list[Write]) -> str:
     return ", ".join(position(w.source) for w in writes)
 
 
-@audit_rule("shadowed-value", "a value set by a user file or preset silently replaced by a higher layer")
+@audit_rule(
+    "shadowed-value",
+    "a user file's value silently replaced by a script or a later file (a command line or preset value: info)",
+)
 def shadowed_values(ctx: AuditContext) -> list[Finding]:
     findings: list[Finding] = []
     for key, writes in ctx.explicit.items():
@@ -90,8 +94,8 @@ def shadowed_values(ctx: AuditContext) -> list[Finding]:
             pair = (old.source.layer, new.source.layer)
             if pair in _SEVERITY_BY_PAIR:
                 findings.append(_shadowed(key, old, new, _SEVERITY_BY_PAIR[pair]))
-            elif old.source.layer is Layer.PRESET and new.source.layer in _USER_LAYERS:
-                findings.append(_preset_replaced(key, old, new))
+            elif old.source.layer in (Layer.PRESET, Layer.FILE) and new.source.layer in _USER_LAYERS:
+                findings.append(_intended(key, old, new))
     return findings
 
 
@@ -108,11 +112,11 @@ def _shadowed(key: str, old: Write, new: Write, severity: Severity) -> Finding:
     return finding("shadowed-value", severity, (key,), message, fix, [old, new])
 
 
-def _preset_replaced(key: str, old: Write, new: Write) -> Finding:
+def _intended(key: str, old: Write, new: Write) -> Finding:
+    """A preset's value replaced by the user, or a file's by the command line: intended, said as info."""
     message = f"{key}: {format_value(new.value)} from {short(new.source)} replaces {format_value(old.value)} from {short(old.source)}"
-    fix = (
-        f"nothing to do if intended; drop {short(new.source)} to keep the preset's {format_value(old.value)}"
-    )
+    whose = "the preset's" if old.source.layer is Layer.PRESET else "the file's"
+    fix = f"nothing to do if intended; drop {short(new.source)} to keep {whose} {format_value(old.value)}"
     return finding("shadowed-value", Severity.INFO, (key,), message, fix, [old, new])
 
 

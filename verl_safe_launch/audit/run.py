@@ -7,6 +7,7 @@ from collections.abc import Iterable
 
 from verl_safe_launch.audit import overrides as audit_overrides
 from verl_safe_launch.audit import values as audit_values
+from verl_safe_launch.audit.settle import settle_command
 from verl_safe_launch.audit.table import AuditContext
 from verl_safe_launch.compose import Composed
 from verl_safe_launch.findings import Finding, Rule, Severity, run_table
@@ -73,7 +74,7 @@ def _note_fix(launch: ScriptLaunch, note: ScriptNote) -> str:
     if note.kind == "crlf":
         return f"convert it to Unix line endings: sed -i 's/\\r$//' {shlex.quote(launch.path)}"
     if note.kind in ("unresolved", "maybe"):
-        return f"to audit the value, pass it after '--': verl-safe-launch audit {shlex.quote(launch.path)} -- KEY=VALUE"
+        return f"audit it with the value the run gets: {settle_command(launch, (note,))}"
     return "nothing to do"
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, replace
 
+from verl_safe_launch.audit.settle import settle_command
 from verl_safe_launch.compose import config_groups
 from verl_safe_launch.findings import Finding, Severity
 from verl_safe_launch.inputs import OverrideToken
@@ -129,6 +130,9 @@ def qualify(
         part = unread.changes(finding, structural)
         if part is structural and part is not None and _refused_everywhere(finding, part, unread, everywhere):
             part = None
+        if part is not None and (held := _holds_unless(finding, part, unread, launch)) is not None:
+            out.append(held)
+            continue
         out.append(finding if part is None else cannot_verify(finding, part, launch))
     return [*out, *_emptied(launch)]
 
@@ -143,6 +147,34 @@ def _refused_everywhere(
     if finding.rule_id not in REFUSALS or everywhere is None or part.kind == "config":
         return False
     return unread.supplier_of(finding) is None and everywhere(finding)
+
+
+HOLDS_WHATEVER = frozenset({"duplicate-key"})
+"""Findings no later override can undo: a key set twice stays set twice whatever an unread word adds."""
+
+
+def _holds_unless(finding: Finding, part: ScriptNote, unread: Unread, launch: ScriptLaunch) -> Finding | None:
+    """The finding as it stands when the unread part could change it only by repeating a key of the launch.
+
+    Every key the finding depends on is written on the launch line before the part (so setting it again there is
+    itself a ``duplicate-key`` error), and no config-group choice bears on it. ``duplicate-key`` holds whatever
+    the part is; any other finding says which keys the part would have to set. None when this does not apply.
+    """
+    keys = depends_on(finding)
+    if not keys or finding.rule_id in STRUCTURE_RULES or finding.severity is Severity.INFO:
+        return None
+    for key in keys:
+        at = unread.last_write.get(key)
+        if at is None or at >= part.position:
+            return None
+        if (launch.tokens[at].source.line or 0) < launch.line:
+            return None  # repeating a value defined before the launch line is deliberate, not an error
+    if finding.rule_id in HOLDS_WHATEVER:
+        return finding
+    shown = " or ".join(keys)
+    return replace(
+        finding, message=f"{finding.message}; unless {part.raw} (line {part.line}) sets {shown} again"
+    )
 
 
 def _deliberate(finding: Finding, launch: ScriptLaunch) -> Finding:
@@ -200,7 +232,8 @@ def cannot_verify(finding: Finding, part: ScriptNote, launch: ScriptLaunch) -> F
         f"and could change it: {part.detail}"
     )
     source = Source(Layer.SCRIPT, launch.path, part.line, raw=part.raw)
-    fix = f"pass the value after '--' to audit it: verl-safe-launch audit {launch.path} -- KEY=VALUE"
+    command = settle_command(launch, (part,))
+    fix = f"audit it with the value the run gets: {command}"
     sources = (*finding.sources, ("unread", part.raw, source))
     return Finding(CANNOT_VERIFY, doubtful_severity(finding), finding.keys, message, fix, sources)
 

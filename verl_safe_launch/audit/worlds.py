@@ -18,11 +18,12 @@ class Reading:
     branch: str
 
 
-def across_worlds(readings: Sequence[Reading]) -> tuple[list[Finding], int]:
+def across_worlds(readings: Sequence[Reading], settle: str | None = None) -> tuple[list[Finding], int]:
     """The findings of a launch over its worlds, and how many parts decide them without being read.
 
     An error or warning found in every world stands; one found in some worlds only becomes "cannot verify", naming
-    the branches it needs (the branch bash takes depends on a value the script does not set).
+    the branches it needs (the branch bash takes depends on a value the script does not set); its fix is
+    ``settle``, the command that reads the branch bash takes.
     """
     everywhere = set.intersection(*({_key(f) for f in r.findings} for r in readings))
     out: list[Finding] = []
@@ -37,7 +38,7 @@ def across_worlds(readings: Sequence[Reading]) -> tuple[list[Finding], int]:
                     out.append(finding)
                 continue
             doubtful = True
-            only = _only_in(finding, reading.branch)
+            only = _only_in(finding, reading.branch, settle)
             if _key(only) not in seen:
                 seen.add(_key(only))
                 out.append(only)
@@ -51,12 +52,12 @@ def _key(finding: Finding) -> tuple[str, ...]:
     return (finding.rule_id, finding.severity.value, *finding.keys)
 
 
-def _only_in(finding: Finding, branch: str) -> Finding:
+def _only_in(finding: Finding, branch: str, settle: str | None) -> Finding:
     message = (
         f"cannot verify [{finding.rule_id}]: {finding.message}; this holds only where {branch}, and that branch "
         "is chosen by a value the script does not set"
     )
-    fix = "audit the path bash takes: verl-safe-launch audit --trace --env NAME=VALUE SCRIPT"
+    fix = f"audit the path bash takes, with the values the run gets: {settle or 'verl-safe-launch audit --trace --env NAME=VALUE SCRIPT'}"
     return Finding(CANNOT_VERIFY, doubtful_severity(finding), finding.keys, message, fix, finding.sources)
 
 

@@ -25,7 +25,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "run": ("_run", "pre-flight, then launch verl on Ray (default verb)"),
     "check": ("_check", "pre-flight only: audit + validate + estimate"),
     "show": ("_show", "resolved config as YAML; --origin adds where each value came from"),
-    "explain": ("_explain", "the batch arithmetic, step by step"),
+    "explain": ("_explain", "the batch arithmetic, step by step; or one rule: explain RULE"),
     "estimate": ("_estimate", "per-stage GPU memory; --fit finds the largest safe micro batches"),
     "audit": ("_audit", "audit raw bash launch scripts"),
     "migrate": ("_migrate", "turn a raw script into a YAML file + a verl-safe-launch command"),
@@ -34,6 +34,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "upgrade": ("_upgrade", "rewrite a launch written for an older verl release for the installed one"),
     "submit": ("_submit", "pre-flight, then submit the run to an existing Ray cluster's job API"),
     "kuberay": ("_kuberay", "write a KubeRay RayJob that runs the pre-flighted launch on Kubernetes"),
+    "rules": ("_rules", "every rule the tool reports: id, severity, since which verl, what it checks"),
     "oom": ("_oom", "read a failed run's log: the stage that ran out and the fixes, ranked by memory freed"),
 }
 DEFAULT_VERB = "run"

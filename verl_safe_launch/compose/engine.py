@@ -125,6 +125,8 @@ class _Base:
 
 _BASES: dict[tuple[str, ...], _Base] = {}
 """verl's composed defaults per verl config dir and config-group choices (the overrides' text); never mutated."""
+_REFUSED: dict[tuple[str, ...], str] = {}
+"""Hydra's refusal of group choices it cannot compose: a folder's scripts naming the same missing option."""
 
 
 def _verl_base(
@@ -138,8 +140,13 @@ def _verl_base(
         groups = [o for o, _ in parsed if id(o) not in config_ids]
         _refuse_group_values([(o, t) for o, t in parsed if id(o) not in config_ids])
         key = (str(verl_config_dir()), *(o.input_line for o in groups))
-        if key not in _BASES:
-            _BASES[key] = _compose_verl(groups)
+        if key not in _BASES and key not in _REFUSED:
+            try:
+                _BASES[key] = _compose_verl(groups)
+            except (HydraException, ValueError) as exc:
+                _REFUSED[key] = str(exc)
+        if key in _REFUSED:
+            raise ValueError(_REFUSED[key])
     except (HydraException, ValueError) as exc:
         raise ConfigError(
             f"cannot compose verl's config: {str(exc).splitlines()[0]}",

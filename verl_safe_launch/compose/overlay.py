@@ -6,7 +6,8 @@ verl's composed defaults come from ``compose()`` once per config-group choice; a
 with literal values (``key=v``, ``+key=v``, ``++key=v``) are laid over their flattened view, and only the
 interpolations that read a changed key are re-resolved. The writes, rejected overrides, values, key order and
 provenance equal ``compose()``'s (tests/test_overlay.py checks every fixture script and random override
-lists). Anything else (user files, presets, deletions, mapping or interpolation values, subtree overrides)
+lists); a ``+``/``++`` key under an empty mapping or a null (``+...engine_kwargs.vllm.x=1``) opens it as
+Hydra does. Anything else (user files, presets, deletions, mapping or interpolation values, subtree overrides)
 goes through ``compose()`` itself.
 
 Why it exists: ``compose()`` copies and re-resolves the whole config (~900 leaves) for every request, tens of
@@ -19,7 +20,7 @@ import copy
 import functools
 import re
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -234,6 +235,8 @@ class _State:
         self.rejected: list[Rejected] = []
         self.changed: list[str] = []
         self.added: list[str] = []
+        self.replaced: dict[str, str] = {}
+        """An empty (``{}`` or null) leaf a ``+``/``++`` key was added under → the first key added there."""
 
     def apply(self, token: OverrideToken) -> None:
         match = _TOKEN.fullmatch(token.text)
@@ -241,13 +244,10 @@ class _State:
             raise _Fallback
         prefix, key, text = match.group(1) or "", match.group(2), match.group(3)
         ok, value = parse_value(text)
-        if (
-            not ok
-            or key in self.base.prefixes
-            or isinstance(self.raw.get(key), dict)
-            or self._under_leaf(key)
-        ):
+        if not ok or key in self.base.prefixes or isinstance(self.raw.get(key), dict):
             raise _Fallback
+        if self._under_leaf(key):
+            self._open_leaf(key, prefix)
         exists = key in self.raw
         if prefix == "+" and isinstance(self.raw.get(key), str) and "${" in self.raw[key]:
             raise _Fallback
@@ -266,6 +266,17 @@ class _State:
         parts = key.split(".")
         return any(".".join(parts[:i]) in self.raw for i in range(1, len(parts)))
 
+    def _open_leaf(self, key: str, prefix: str) -> None:
+        """``+a.b.c=v`` where ``a.b`` is an empty mapping or null: Hydra makes ``a.b`` a mapping holding ``c``, in
+        ``a.b``'s place. Anything else under a leaf (a value, an interpolation, a plain ``key=``) is composed in
+        full."""
+        parts = key.split(".")
+        leaf = next(".".join(parts[:i]) for i in range(1, len(parts)) if ".".join(parts[:i]) in self.raw)
+        if prefix not in ("+", "++") or self.raw[leaf] not in ({}, None):
+            raise _Fallback
+        del self.raw[leaf]
+        self.replaced[leaf] = key
+
     def _reject(self, token: OverrideToken, key: str, exists: bool) -> None:
         if not self.lenient:
             raise _Fallback
@@ -280,8 +291,11 @@ class _State:
         base_view = self.base.composed.view
         if not self.changed:
             return base_view
-        values = _ordered(dict(base_view.values), self.added)
-        provenance = dict(base_view.provenance)
+        first = set(self.replaced.values())
+        values = _ordered(
+            _renamed(base_view.values, self.replaced), [k for k in self.added if k not in first]
+        )
+        provenance = {k: v for k, v in base_view.provenance.items() if k not in self.replaced}
         for key in dict.fromkeys(self.changed):
             values[key] = _copy(self.raw[key])
             provenance[key] = self._provenance(key, values[key])
@@ -360,6 +374,13 @@ def _resolve(keys: set[str], needed: dict[str, Any]) -> dict[str, Any]:
             node = node[part]
         out[key] = node
     return out
+
+
+def _renamed(values: Mapping[str, Any], renames: Mapping[str, str]) -> dict[str, Any]:
+    """``values`` with each key of ``renames`` replaced, in its place, by its new key (value set later)."""
+    if not renames:
+        return dict(values)
+    return {renames.get(k, k): (None if k in renames else v) for k, v in values.items()}
 
 
 def _ordered(values: dict[str, Any], added: list[str]) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -101,11 +102,10 @@ def split_tool_tokens(tokens: Sequence[OverrideToken]) -> tuple[tuple[OverrideTo
 
 def parse_override(token: OverrideToken) -> Any:
     """Parse one token with Hydra's override parser; raise a UsageError naming its position."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
     try:
-        override = OverridesParser.create().parse_override(token.text)
+        override = _parsed(token.text)
     except HydraException as exc:
         detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise UsageError(
@@ -117,6 +117,20 @@ def parse_override(token: OverrideToken) -> Any:
     if override.is_sweep_override():
         raise _sweep_error(token, override)
     return override
+
+
+@functools.lru_cache(maxsize=8192)
+def _parsed(text: str) -> Any:
+    """Hydra's parse of one override's text (never mutated after parsing: a folder's scripts repeat the same
+    overrides, and the parser, built with its grammar functions, is itself costly to make)."""
+    return _parser().parse_override(text)
+
+
+@functools.cache
+def _parser() -> Any:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    return OverridesParser.create()
 
 
 def _sweep_error(token: OverrideToken, override: Any) -> UsageError:

@@ -54,6 +54,11 @@ def choose_verl(directory: Path | None, origin: str = "--verl", scope: str = "us
         cached.cache_clear()
 
 
+def chosen_verl(scope: str) -> tuple[Path, str] | None:
+    """The verl package ``scope`` (``user`` or ``script``) chose, and how, if it chose one."""
+    return _CHOSEN.get(scope)
+
+
 @verl_cache
 def verl_origin() -> tuple[Path, str]:
     """The verl package in use and how it was found (``installed``, ``--verl``, ``PYTHONPATH``...)."""

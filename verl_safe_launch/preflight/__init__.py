@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from verl_safe_launch.preflight.advice import AdviceJudge, verify_advice, verl_validation
+from verl_safe_launch.preflight.baseline import Baseline, BaselineWriter, finding_key, script_key
+from verl_safe_launch.preflight.catalog import Catalogued, catalogued, rule_catalog
+from verl_safe_launch.preflight.fitfile import FittedFile, fitted_file
 from verl_safe_launch.preflight.pipeline import Preflight, launch_preflight, rule_context, run_preflight
 from verl_safe_launch.preflight.recheck import rechecked
 from verl_safe_launch.preflight.release import (
@@ -16,6 +19,7 @@ from verl_safe_launch.preflight.release import (
     vendored_verl,
 )
 from verl_safe_launch.preflight.scripts import Auditor, JobLint, LaunchAudit, ScriptAudit, TraceOptions
+from verl_safe_launch.preflight.tree import Found, find_scripts, skip_reason
 from verl_safe_launch.preflight.upgrading import (
     OldRun,
     UpgradeReport,
@@ -27,6 +31,11 @@ from verl_safe_launch.preflight.upgrading import (
 __all__ = [
     "AdviceJudge",
     "Auditor",
+    "Baseline",
+    "BaselineWriter",
+    "Catalogued",
+    "FittedFile",
+    "Found",
     "JobLint",
     "LaunchAudit",
     "OldRun",
@@ -35,15 +44,22 @@ __all__ = [
     "ScriptAudit",
     "TraceOptions",
     "UpgradeReport",
+    "catalogued",
+    "find_scripts",
+    "finding_key",
+    "fitted_file",
     "header_json",
     "header_lines",
     "launch_preflight",
     "old_run_of",
     "project_verl",
     "rechecked",
+    "rule_catalog",
     "rule_context",
     "run_preflight",
     "safe_header_json",
+    "script_key",
+    "skip_reason",
     "unjudged",
     "unreadable_keys",
     "upgrade_launch",

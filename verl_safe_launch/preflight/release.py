@@ -15,6 +15,7 @@ from verl_safe_launch.inputs import (
     TESTED,
     VerlRelease,
     choose_verl,
+    chosen_verl,
     describe_need,
     package_in,
     verl_release,
@@ -119,6 +120,8 @@ def _cd_target(script: Path) -> str | None:
 def use_vendored_verl(script: Path, exports: Sequence[tuple[str, str]] = ()) -> None:
     """Choose the verl a script's launch imports (a vendored copy when there is one, else the usual one)."""
     found = vendored_verl(script, exports)
+    if chosen_verl("script") == ((package_in(found[0]), found[1]) if found else None):
+        return  # the same verl as the script before (a folder's scripts on the installed one): keep what was read
     choose_verl(found[0] if found else None, found[1] if found else "", scope="script")
 
 

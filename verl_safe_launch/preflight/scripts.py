@@ -8,7 +8,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from verl_safe_launch.audit import Reading, across_worlds, audit, deciding_parts, qualify, script_findings
+from verl_safe_launch.audit import (
+    Reading,
+    across_worlds,
+    audit,
+    deciding_parts,
+    qualify,
+    script_findings,
+    settle_command,
+)
 from verl_safe_launch.compose import Overlay, model_engines
 from verl_safe_launch.config_view import ConfigView
 from verl_safe_launch.errors import InputError, VslError
@@ -24,10 +32,13 @@ from verl_safe_launch.inputs import (
 )
 from verl_safe_launch.preflight.pipeline import run_preflight
 from verl_safe_launch.preflight.release import header_lines, use_vendored_verl
+from verl_safe_launch.preflight.tree import skip_reason
 from verl_safe_launch.provenance import Layer, Source
 from verl_safe_launch.shell import (
     JobScript,
+    NoLaunch,
     ScriptLaunch,
+    ScriptNote,
     read_job_script,
     read_script,
     seeded_env,
@@ -54,6 +65,10 @@ class LaunchAudit:
     launch: ScriptLaunch
     findings: tuple[Finding, ...]
     unread: int = 0
+    settle: str | None = None
+    """The audit command that reads what was left unread (an UNVERIFIED launch's way forward)."""
+    baselined: tuple[Finding, ...] = ()
+    """Findings a baseline accepted: shown as counted, never failing the gate."""
 
     @property
     def verdict(self) -> str:
@@ -70,6 +85,20 @@ class ScriptAudit:
     error: VslError | None = None
     verl: tuple[str, ...] = ()
     """The report header: the verl its launches import, and what could not be judged for it."""
+    skipped: str | None = None
+    """Why a script with no verl PPO launch (SFT, generation, data preparation) was not audited."""
+    named: bool = True
+    """Named on the command line (unreadable: an unusable command line), not found in a folder."""
+
+    @property
+    def verdict(self) -> str:
+        """Over the script's launches: ``no-go``, ``unverified``, ``go``; ``skipped`` or ``unreadable``."""
+        if self.error is not None:
+            return "unreadable"
+        if self.skipped is not None or not self.launches:
+            return "skipped"
+        verdicts = {launch.verdict for launch in self.launches}
+        return next(v for v in ("no-go", "unverified", "go") if v in verdicts or v == "go")
 
 
 class Auditor:
@@ -82,25 +111,29 @@ class Auditor:
         hardware: HardwareProfile | None = None,
         trace: TraceOptions | None = None,
         job_findings: JobLint | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.passthrough = passthrough
         self.trace = trace
+        self.env = env or {}
+        """Variables the static reader takes as set (``--env``): the values the run will have."""
         self.job_findings = job_findings
         self.hardware = hardware or detect_hardware(split_tool_tokens(passthrough)[1], env={DETECT_ENV: "0"})
         self.overlay = Overlay()
 
-    def script(self, path: Path) -> ScriptAudit:
+    def script(self, path: Path, *, named: bool = True) -> ScriptAudit:
         """Read and audit every launch in one script; an unreadable script is reported, not raised.
 
         A Slurm job script is judged against its own allocation (``#SBATCH`` lines, its ``sbatch`` options)
-        and its Ray bring-up is linted; ``hardware.*`` arguments after ``--`` still win.
+        and its Ray bring-up is linted; ``hardware.*`` arguments after ``--`` still win. A script with no verl
+        PPO launch is skipped, with what it runs instead.
         """
         try:
-            launches = read_script(path)
+            launches = read_script(path, env=seeded_env(self.env))
             header = self._use_verl_of(path, launches)
             job = read_job_script(path)
             if job.is_job:
-                launches = read_script(path, env=seeded_env(job.allocation.slurm_env()))
+                launches = read_script(path, env=seeded_env({**job.allocation.slurm_env(), **self.env}))
             if self.trace is not None:
                 launches = self._traced(path, launches)
             if not job.is_job:
@@ -108,8 +141,10 @@ class Auditor:
             hardware = merge_profiles(self.hardware, job.allocation.profile())
             audits = tuple(self.launch(launch, hardware, job) for launch in launches)
             return ScriptAudit(str(path), audits, verl=header)
+        except NoLaunch as exc:
+            return ScriptAudit(str(path), skipped=skip_reason(exc.text), named=named)
         except VslError as exc:
-            return ScriptAudit(str(path), error=exc)
+            return ScriptAudit(str(path), error=exc, named=named)
 
     def _use_verl_of(self, path: Path, launches: tuple[ScriptLaunch, ...]) -> tuple[str, ...]:
         """Read the verl this script's launches import (a vendored copy, when it has one); the header for it."""
@@ -145,8 +180,9 @@ class Auditor:
         if launch.worlds:
             audits = [self.launch(world, hardware, job) for world in launch.worlds]
             readings = [Reading(a.findings, a.unread, a.launch.branch) for a in audits]
-            findings, unread = across_worlds(readings)
-            return LaunchAudit(launch, tuple(findings), unread)
+            settle = self._settle(launch, ())
+            findings, unread = across_worlds(readings, settle)
+            return LaunchAudit(launch, tuple(findings), unread, settle if unread else None)
         passthrough = self.passthrough if launch.passthrough and self.trace is None else ()
         composed = self.overlay.compose(launch.request(passthrough))
         view, read = composed.view.recording()  # which values the checks read: what an unread part can decide
@@ -159,7 +195,14 @@ class Auditor:
             findings.append(_unused_passthrough(launch))
         everywhere = _Everywhere(self.overlay, launch, passthrough)
         qualified = qualify(findings, launch, everywhere)
-        return LaunchAudit(launch, tuple(qualified), len(deciding_parts(launch, qualified, read)))
+        parts = deciding_parts(launch, qualified, read)
+        return LaunchAudit(
+            launch, tuple(qualified), len(parts), self._settle(launch, parts) if parts else None
+        )
+
+    def _settle(self, launch: ScriptLaunch, parts: list[ScriptNote] | tuple[()]) -> str | None:
+        """The command that reads what this launch left unread (with the arguments given after ``--``)."""
+        return settle_command(launch, parts, tuple(token.text for token in self.passthrough))
 
 
 class _Everywhere:

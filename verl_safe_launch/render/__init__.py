@@ -3,9 +3,17 @@
 from __future__ import annotations
 
 from verl_safe_launch.findings import verdict
-from verl_safe_launch.render.audit import audit_json, render_audit_text
+from verl_safe_launch.render.audit import (
+    AuditText,
+    Totals,
+    all_launches,
+    audit_json,
+    render_audit_text,
+    render_summary,
+)
 from verl_safe_launch.render.escape import escape, escape_lines, render_error
 from verl_safe_launch.render.jsonout import JSON_SCHEMA_VERSION, json_document, json_text, strict_json
+from verl_safe_launch.render.junit import JunitWriter
 from verl_safe_launch.render.report import (
     counts,
     findings_json,
@@ -13,17 +21,27 @@ from verl_safe_launch.render.report import (
     render_findings_table,
     render_findings_text,
     render_report,
+    rule_hint,
     summary_line,
 )
+from verl_safe_launch.render.rules import example_command, render_rule_entry, render_rules_text, rule_pages
+from verl_safe_launch.render.sarif import SARIF_SCHEMA, SarifWriter
 from verl_safe_launch.render.table import Column, render_table, use_rich
 
 __all__ = [
     "JSON_SCHEMA_VERSION",
+    "SARIF_SCHEMA",
+    "AuditText",
     "Column",
+    "JunitWriter",
+    "SarifWriter",
+    "Totals",
+    "all_launches",
     "audit_json",
     "counts",
     "escape",
     "escape_lines",
+    "example_command",
     "findings_json",
     "json_document",
     "json_text",
@@ -33,7 +51,12 @@ __all__ = [
     "render_findings_table",
     "render_findings_text",
     "render_report",
+    "render_rule_entry",
+    "render_rules_text",
+    "render_summary",
     "render_table",
+    "rule_hint",
+    "rule_pages",
     "strict_json",
     "summary_line",
     "use_rich",

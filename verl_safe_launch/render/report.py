@@ -10,6 +10,8 @@ from verl_safe_launch.findings import Finding, Severity, sort_findings
 from verl_safe_launch.render.escape import escape
 from verl_safe_launch.render.table import use_rich
 
+CANNOT_VERIFY = "cannot-verify"
+
 if TYPE_CHECKING:
     from rich.text import Text
 
@@ -23,7 +25,30 @@ def render_finding(finding: Finding) -> str:
         lines.append(f"  {escape(key):<{width}} = {shown:<6} from {escape(source.describe())}")
     if finding.fix:
         lines.append(f"  fix: {escape(finding.fix)}")
+    lines.append(f"  see: {rule_hint(finding.rule_id)}")
     return "\n".join(lines)
+
+
+def rule_hint(rule_id: str) -> str:
+    """Where a rule is explained: ``verl-safe-launch explain RULE`` (its page in docs/rules/ says the same)."""
+    return f"verl-safe-launch explain {escape(rule_id)}"
+
+
+def doubt_lines(findings: Sequence[Finding]) -> list[str]:
+    """One line per info ``cannot-verify`` finding: what it would say, and the unread word that could change it.
+
+    Shown without ``--verbose``: which finding depends on which word the script does not set is never routine.
+    """
+    lines = []
+    for finding in findings:
+        if finding.rule_id != CANNOT_VERIFY or finding.severity is not Severity.INFO:
+            continue
+        words = [(raw, source.line) for key, raw, source in finding.sources if key == "unread"]
+        rule = finding.message.removeprefix("cannot verify [").partition("]")[0]
+        keys = ", ".join(finding.keys) or "the launch"
+        word = f"{words[0][0]} (line {words[0][1]})" if words else "a branch the script does not decide"
+        lines.append(escape(f"info [cannot-verify] {rule} on {keys}: {word} is not read and could change it"))
+    return lines
 
 
 def summary_line(findings: Sequence[Finding], unread: int = 0) -> str:
@@ -45,13 +70,14 @@ def render_findings_text(findings: Sequence[Finding], unread: int = 0, *, verbos
     ordered = sort_findings(list(findings))
     shown = ordered if verbose else [f for f in ordered if f.severity is not Severity.INFO]
     blocks = [render_finding(f) for f in shown]
-    notes = [] if verbose else notes_line(ordered)
+    notes = [] if verbose else ["\n".join(doubt_lines(ordered))] if doubt_lines(ordered) else []
+    notes += [] if verbose else notes_line(ordered)
     return "\n\n".join([*blocks, *notes, summary_line(ordered, unread)]) + "\n"
 
 
 def notes_line(findings: Sequence[Finding]) -> list[str]:
     """The info findings as one line (``info: 3 notes (hardware-unknown, ...)``), or nothing when there are none."""
-    infos = [f.rule_id for f in findings if f.severity is Severity.INFO]
+    infos = [f.rule_id for f in findings if f.severity is Severity.INFO and f.rule_id != CANNOT_VERIFY]
     if not infos:
         return []
     by_rule = {rule: infos.count(rule) for rule in dict.fromkeys(infos)}
@@ -111,7 +137,7 @@ def render_findings_table(
         for finding in group:
             table.add_row(finding.rule_id, _cell(finding))
         console.print(table)
-    for line in [] if verbose else notes_line(findings):
+    for line in [] if verbose else [*doubt_lines(findings), *notes_line(findings)]:
         console.print(line, markup=False)
     console.print(summary_line(findings, unread), markup=False)
     return out.getvalue()
@@ -127,6 +153,7 @@ def _cell(finding: Finding) -> Text:
     if finding.fix:
         text.append("\n  fix: ", style="bold")
         text.append(escape(finding.fix))
+    text.append(f"\n  see: {rule_hint(finding.rule_id)}", style="dim")
     return text
 
 

@@ -81,9 +81,20 @@ def kv(view: ConfigView, key: str) -> str:
     return f"{key}={format_value(view.get(key))}"
 
 
+_LAST_PLAN: list[tuple[ConfigView, BatchPlan]] = []
+
+
 def plan(ctx: RuleContext) -> BatchPlan:
-    """The batch arithmetic of the context's config."""
-    return batch_plan(ctx.view)
+    """The batch arithmetic of the context's config, worked out once for the rules that read the same view.
+
+    A view never changes (a changed config is a new view), so the plan of the last view asked for is kept; the
+    keys it read were recorded on that view the first time.
+    """
+    if _LAST_PLAN and _LAST_PLAN[0][0] is ctx.view:
+        return _LAST_PLAN[0][1]
+    found = batch_plan(ctx.view)
+    _LAST_PLAN[:] = [(ctx.view, found)]
+    return found
 
 
 def is_true(view: ConfigView, key: str) -> bool:

@@ -23,7 +23,7 @@ from verl_safe_launch.shell.sbatch import (
     parse_job_script,
     read_job_script,
 )
-from verl_safe_launch.shell.script import parse_script, read_script
+from verl_safe_launch.shell.script import NoLaunch, parse_script, read_script
 from verl_safe_launch.shell.trace import RECORDED, Trace, trace_script
 
 __all__ = [
@@ -37,6 +37,7 @@ __all__ = [
     "Directive",
     "Export",
     "JobScript",
+    "NoLaunch",
     "ScriptLaunch",
     "ScriptNote",
     "Trace",

@@ -30,6 +30,14 @@ _PREFIX_WORDS = frozenset({"then", "else", "elif", "do", "!", "{", "}", "time", 
 _DECLARE = frozenset({"export", "declare", "typeset", "local", "readonly"})
 
 
+class NoLaunch(InputError):
+    """A readable script with no ``python -m verl.trainer.main_ppo`` launch (``text``: what it holds)."""
+
+    def __init__(self, message: str, where: str, fix: str, text: str) -> None:
+        super().__init__(message, where=where, fix=fix)
+        self.text = text
+
+
 def read_script(path: Path | str, env: Env | None = None) -> tuple[ScriptLaunch, ...]:
     """Read a launch script; raise InputError when it is unreadable, not shell, or launches nothing.
 
@@ -41,10 +49,11 @@ def read_script(path: Path | str, env: Env | None = None) -> tuple[ScriptLaunch,
     )
     launches = parse_script(text, str(path), base_dir=path.parent, env=env)
     if not launches:
-        raise InputError(
+        raise NoLaunch(
             f"no 'python -m {MODULE}' launch found in {path}",
             where=str(path),
             fix=f"audit a script that runs python3 -m {MODULE} key=value ...",
+            text=text,
         )
     return launches
 
