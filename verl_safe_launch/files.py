@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shlex
 import stat
@@ -38,17 +39,22 @@ def read_input(
     where: str | None = None,
     missing_fix: str = "check the path",
     limit: int = MAX_INPUT_BYTES,
+    follow: bool = True,
 ) -> bytes:
     """The bytes of a regular file of at most ``limit`` bytes; raise InputError (exit 2) at once otherwise.
 
-    The file is opened non-blocking, so a named pipe or a device is refused instead of waiting forever.
+    The file is opened non-blocking, so a named pipe or a device is refused instead of waiting forever; with
+    ``follow=False`` a symbolic link is refused too.
     """
     path = Path(path)
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(path, flags)
     except FileNotFoundError:
         raise InputError(f"{what} not found: {path}", where=where, fix=missing_fix) from None
     except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the path
+        if isinstance(exc, OSError) and exc.errno == errno.ELOOP and not follow:
+            raise InputError(f"{path} is a symbolic link, not a regular file", where=where) from None
         raise InputError(
             f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}", where=where
         ) from None
