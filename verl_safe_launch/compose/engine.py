@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import difflib
 import functools
-import importlib.resources
 import pickle
 import re
 from collections.abc import Sequence
@@ -15,6 +14,7 @@ from typing import Any
 from verl_safe_launch.compose import _hydra, cached_defaults
 from verl_safe_launch.compose.budget import check_interpolation_budget
 from verl_safe_launch.compose.interpolation import Resolver, Unsupported, absolute_key
+from verl_safe_launch.compose.layers import MAX_LAYER_KEYS, STRIPPED_FILE_KEYS, user_layers
 from verl_safe_launch.config_view import ConfigView, flatten, format_value
 from verl_safe_launch.errors import ConfigError, InputError, UsageError, VslError, collect
 from verl_safe_launch.inputs import (
@@ -22,7 +22,6 @@ from verl_safe_launch.inputs import (
     OverrideToken,
     ToolSettings,
     YamlDoc,
-    YamlLeaf,
     cached_bytes,
     display_path,
     parse_override,
@@ -32,9 +31,6 @@ from verl_safe_launch.inputs import (
 )
 from verl_safe_launch.provenance import Layer, Provenance, Source, Write, writes_by_key
 
-_STRIPPED_FILE_KEYS = ("defaults", "hydra")
-MAX_LAYER_KEYS = 2_000
-"""The most keys one user file or one command line may set (verl's whole config has about 1,000 leaves)."""
 _INTERP = re.compile(r"\$\{(?:oc\.select:)?\s*([^,}\s]+)")
 
 
@@ -59,16 +55,6 @@ class Composed:
     rejected: tuple[Rejected, ...] = field(default=())
 
 
-def preset_dir() -> Path:
-    """The shipped ``conf/preset`` directory (a Hydra config group inside the installed package)."""
-    return Path(str(importlib.resources.files("verl_safe_launch.conf"))) / "preset"
-
-
-def available_presets() -> list[str]:
-    """Names of the presets shipped in ``conf/preset``."""
-    return sorted(p.stem for p in preset_dir().glob("*.yaml"))
-
-
 def compose(request: ComposeRequest) -> Composed:
     """Build the final config from verl defaults, preset, user files and overrides, with provenance.
 
@@ -89,7 +75,7 @@ def compose(request: ComposeRequest) -> Composed:
     cfg = base.private_cfg()
     writes = list(base.writes)
     preset_name = request.preset or (tool.preset[0] if tool.preset else None)
-    for layer_writes in _user_layers(preset_name, tool, request):
+    for layer_writes in user_layers(preset_name, tool, request):
         for write in layer_writes:
             _set(cfg, write)
         writes.extend(layer_writes)
@@ -197,7 +183,7 @@ def _compose_fresh(group_overrides: list[Any]) -> tuple[Any, tuple[Write, ...]]:
         source_file = display_path(path.resolve())
         for leaf in doc.leaves:
             top = leaf.key.split(".", 1)[0]
-            if top in _STRIPPED_FILE_KEYS:
+            if top in STRIPPED_FILE_KEYS:
                 continue
             writes.append(Write(prefix + leaf.key, leaf.value, Source(Layer.VERL, source_file, leaf.line)))
     return cfg, tuple(writes)
@@ -206,61 +192,6 @@ def _compose_fresh(group_overrides: list[Any]) -> tuple[Any, tuple[Write, ...]]:
 @functools.lru_cache(maxsize=256)
 def _read_verl_yaml(path: Path, mtime_ns: int) -> YamlDoc:
     return read_yaml(path, expand_dots=False)
-
-
-def _user_layers(preset: str | None, tool: ToolSettings, request: ComposeRequest) -> list[list[Write]]:
-    layers: list[list[Write]] = []
-    if preset:
-        path = preset_dir() / f"{preset}.yaml"
-        if not path.is_file():
-            names = ", ".join(available_presets()) or "(none installed)"
-            where = tool.preset[1].describe() if tool.preset else None
-            raise ConfigError(f"unknown preset '{preset}'", where=where, fix=f"use one of: {names}")
-        layers.append(_file_writes(path, Source(Layer.PRESET, name=preset), f"conf/preset/{preset}.yaml"))
-    if request.adapted:
-        layers.append(list(request.adapted))
-    for path in request.config_files:
-        user = path not in request.named_configs
-        layers.append(_file_writes(path, Source(Layer.FILE), str(path), user=user))
-    return layers
-
-
-def _file_writes(path: Path, base: Source, shown: str, *, user: bool = False) -> list[Write]:
-    doc = read_yaml(path, expand_dots=True)
-    if user:
-        _refuse_hydra_keys(doc, shown)
-        if len(doc.leaves) > MAX_LAYER_KEYS:
-            raise InputError(
-                f"{shown} sets {len(doc.leaves):,} keys, over the limit of {MAX_LAYER_KEYS:,} for one file",
-                where=shown,
-                fix="verl's whole config has about 1,000 keys: keep the ones this run changes",
-            )
-    leaves = [leaf for leaf in doc.leaves if leaf.key.split(".", 1)[0] not in _STRIPPED_FILE_KEYS]
-    return [_leaf_write(leaf, base, shown) for leaf in leaves]
-
-
-_HYDRA_KEY_FIX = {
-    "defaults": "delete the 'defaults:' list and select config groups on the command line "
-    "(e.g. model_engine=megatron)",
-    "hydra": "delete the 'hydra:' section: Hydra's own settings are not part of verl's config",
-}
-
-
-def _refuse_hydra_keys(doc: YamlDoc, shown: str) -> None:
-    """A user layer holds verl keys only: a top-level ``defaults:`` or ``hydra:`` would be silently dropped."""
-    for leaf in doc.leaves:
-        top = leaf.key.split(".", 1)[0]
-        if top in _STRIPPED_FILE_KEYS:
-            raise InputError(
-                f"{shown}: the top-level '{top}:' is not applied from a -c file (it is Hydra's, not verl's)",
-                where=f"{shown}:{leaf.line}",
-                fix=_HYDRA_KEY_FIX[top],
-            )
-
-
-def _leaf_write(leaf: YamlLeaf, base: Source, shown: str) -> Write:
-    source = Source(base.layer, shown, leaf.line, name=base.name, reason=base.reason)
-    return Write(leaf.key, leaf.value, source)
 
 
 def _set(cfg: Any, write: Write) -> None:
