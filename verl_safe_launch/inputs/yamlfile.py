@@ -141,6 +141,12 @@ def _header(text: str) -> str:
     return ""
 
 
+def _shown(node: yaml.Node) -> str:
+    value = node.value if isinstance(node, yaml.ScalarNode) else "..."
+    text = repr(value if len(value) <= 40 else value[:37] + "...")
+    return text
+
+
 def _kind(node: yaml.Node) -> str:
     return "list" if isinstance(node, yaml.SequenceNode) else "single value"
 
@@ -156,12 +162,27 @@ class _Walker:
         self._walk(node, prefix)
         if self.expand_dots:
             return nest((leaf.key, leaf.value) for leaf in self.leaves)
-        return dict(self.loader.construct_object(node, deep=True))
+        return dict(self._construct(node))
+
+    def _construct(self, node: yaml.Node) -> Any:
+        """A node's value; a tag the value does not fit (``!!float "abc"``, ``!!int "0xZZ"``) is an InputError."""
+        try:
+            return self.loader.construct_object(node, deep=True)
+        except (ValueError, TypeError, OverflowError, ArithmeticError, AttributeError) as exc:
+            # the constructors of YAML's own tags raise these on a value that does not fit the tag
+            line = node.start_mark.line + 1
+            tag = node.tag.rpartition(":")[2]
+            detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise InputError(
+                f"{self.name}:{line}: !!{tag} {_shown(node)} is not a valid {tag} ({detail})",
+                where=f"{self.name}:{line}",
+                fix=f"remove the '!!{tag}' tag, or write a value of that type",
+            ) from None
 
     def _walk(self, node: yaml.MappingNode, prefix: str) -> None:
         seen: dict[str, int] = {}
         for key_node, value_node in node.value:
-            key = str(self.loader.construct_object(key_node, deep=True))
+            key = str(self._construct(key_node))
             line = key_node.start_mark.line + 1
             if key in seen:
                 raise InputError(
@@ -173,5 +194,5 @@ class _Walker:
             if isinstance(value_node, yaml.MappingNode) and value_node.value:
                 self._walk(value_node, f"{prefix}{key}.")
             else:
-                value = self.loader.construct_object(value_node, deep=True)
+                value = self._construct(value_node)
                 self.leaves.append(YamlLeaf(f"{prefix}{key}", value, line))
