@@ -102,7 +102,8 @@ def shown_path(path: Path | str) -> str:
 
 
 def check_text_name(path: Path | str, *, where: str = "-o") -> None:
-    """A path written to (or into a written file) must be text: bytes the locale cannot decode are refused."""
+    """A path written to (or into a written file) must be text: bytes the locale cannot decode are refused;
+    so is a path the kernel would refuse for its length (``check_path_length``)."""
     try:
         str(path).encode("utf-8")
     except UnicodeEncodeError:
@@ -112,6 +113,39 @@ def check_text_name(path: Path | str, *, where: str = "-o") -> None:
             where=where,
             fix="use a name of ASCII letters, digits, '.', '-' and '_', or run under a UTF-8 locale (LANG=C.UTF-8)",
         ) from None
+    check_path_length(path, where=where)
+
+
+NAME_MAX = 255
+"""The longest file name (one path component) in bytes, on Linux's file systems."""
+PATH_MAX = 4096
+"""The longest path in bytes the kernel takes, its final NUL included."""
+
+
+def check_path_length(path: Path | str, *, where: str) -> None:
+    """Refuse a path with a component over NAME_MAX bytes or a whole over PATH_MAX (the kernel's ENAMETOOLONG)."""
+    raw = os.fsencode(str(path))
+    if len(raw) >= PATH_MAX:
+        raise UsageError(
+            f"a path of {len(raw):,} bytes is over the {PATH_MAX - 1:,}-byte limit of a path",
+            where=where,
+            fix="choose a shorter path",
+        )
+    longest = max(raw.split(b"/"), key=len)
+    if len(longest) > NAME_MAX:
+        name = longest.decode("utf-8", "backslashreplace")
+        raise UsageError(
+            f"the name {name[:24]}...{name[-8:]} ({len(longest):,} bytes) is over the {NAME_MAX}-byte limit of "
+            "one file name",
+            where=where,
+            fix="choose a shorter name",
+        )
+
+
+def output_path(text: str) -> Path:
+    """An argparse ``type`` for a path to write: refused at once when it could never be created."""
+    check_text_name(text, where="command line")
+    return Path(text)
 
 
 def check_target(path: Path, *, force: bool, inputs: Iterable[Path | str] = (), where: str = "-o") -> None:

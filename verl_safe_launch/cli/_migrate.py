@@ -24,7 +24,7 @@ from verl_safe_launch.cli._common import make_parser, parse
 from verl_safe_launch.compose import compose
 from verl_safe_launch.config_view import ConfigView
 from verl_safe_launch.errors import EXIT_OK, InputError
-from verl_safe_launch.files import check_target, write_atomic
+from verl_safe_launch.files import check_target, check_text_name, write_atomic
 from verl_safe_launch.findings import has_errors
 from verl_safe_launch.inputs import (
     DETECT_ENV,
@@ -106,6 +106,7 @@ def main(args: Sequence[str], offset: int) -> int:
 
 def _output(text: str, script: str) -> Path:
     """``-o FILE.yaml``, or ``-o DIR`` (an existing directory, or a path ending in '/'): DIR/SCRIPT.yaml."""
+    check_text_name(text, where="-o/--output")
     path = Path(text)
     if path.is_dir() or text.endswith(os.sep):
         if not path.is_dir():

@@ -22,7 +22,7 @@ from verl_safe_launch.cli._common import (
     print_json,
 )
 from verl_safe_launch.errors import EXIT_OK, EXIT_PREFLIGHT, LaunchError, UsageError
-from verl_safe_launch.files import check_target, write_files
+from verl_safe_launch.files import check_target, output_path, write_files
 from verl_safe_launch.findings import Finding, has_errors
 from verl_safe_launch.inputs import (
     detect_hardware,
@@ -109,7 +109,9 @@ def _parser() -> argparse.ArgumentParser:
         help="fail when Ray is not up on every node within this time (default %(default)s)",
     )
     out = parser.add_argument_group("the files")
-    out.add_argument("-o", "--script", required=True, type=Path, metavar="JOB.sbatch", help="script to write")
+    out.add_argument(
+        "-o", "--script", required=True, type=output_path, metavar="JOB.sbatch", help="script to write"
+    )
     out.add_argument("--submit", action="store_true", help="submit it with sbatch and print the job id")
     out.add_argument("--force", action="store_true", help="overwrite JOB.sbatch and JOB.yaml")
     add_compose_args(parser)

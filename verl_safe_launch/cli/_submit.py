@@ -8,7 +8,6 @@ import os
 import shlex
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from verl_safe_launch.backends import (
@@ -59,7 +58,9 @@ def main(args: Sequence[str], offset: int) -> int:
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--follow", action="store_true", help="stream the job's logs until it ends")
     mode.add_argument("--no-wait", action="store_true", help="return once the job is submitted")
-    parser.add_argument("--run-dir", type=Path, help="run directory (default outputs/<date>/<time>)")
+    parser.add_argument(
+        "--run-dir", type=rundir.run_dir_arg, help="run directory (default outputs/<date>/<time>)"
+    )
     parser.add_argument("--force", action="store_true", help="submit past pre-flight and node-check errors")
     add_compose_args(parser)
     ns = parse(parser, args)

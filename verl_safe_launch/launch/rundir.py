@@ -16,7 +16,13 @@ from typing import Any
 from verl_safe_launch.compose import Composed
 from verl_safe_launch.config_view import ConfigView
 from verl_safe_launch.errors import UsageError
-from verl_safe_launch.files import ensure_directory, make_directory, write_atomic, write_files
+from verl_safe_launch.files import (
+    check_text_name,
+    ensure_directory,
+    make_directory,
+    write_atomic,
+    write_files,
+)
 from verl_safe_launch.findings import Finding
 from verl_safe_launch.launch.plan import LaunchBlocked
 from verl_safe_launch.render import json_document, json_text
@@ -71,6 +77,7 @@ def run_dir_arg(text: str) -> Path:
             where="--run-dir",
             fix="name a directory (is a shell variable unset?)",
         )
+    check_text_name(text, where="--run-dir")
     return Path(text)
 
 
