@@ -104,6 +104,12 @@ def shown_path(path: Path | str) -> str:
 def check_text_name(path: Path | str, *, where: str = "-o") -> None:
     """A path written to (or into a written file) must be text: bytes the locale cannot decode are refused;
     so is a path the kernel would refuse for its length (``check_path_length``)."""
+    check_text(path, where=where)
+    check_path_length(path, where=where)
+
+
+def check_text(path: Path | str, *, where: str = "-o") -> None:
+    """Text written into a file must be valid in the locale's encoding: undecodable bytes are refused."""
     try:
         str(path).encode("utf-8")
     except UnicodeEncodeError:
@@ -113,7 +119,6 @@ def check_text_name(path: Path | str, *, where: str = "-o") -> None:
             where=where,
             fix="use a name of ASCII letters, digits, '.', '-' and '_', or run under a UTF-8 locale (LANG=C.UTF-8)",
         ) from None
-    check_path_length(path, where=where)
 
 
 NAME_MAX = 255
