@@ -6,10 +6,12 @@ import contextlib
 import errno
 import os
 import shlex
+import signal
 import stat
 import sys
 import tempfile
-from collections.abc import Iterable, Mapping
+import threading
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 from verl_safe_launch.errors import InputError, UsageError
@@ -203,17 +205,50 @@ def write_files(
     sources = list(inputs)
     for path in files:
         check_target(path, force=force, inputs=sources, where=where)
+    new = {path for path in files if not os.path.lexists(path)}
     staged: list[tuple[str, Path]] = []
+    renamed: list[Path] = []
     try:
         for path, (text, mode) in files.items():
             staged.append((_stage(path, text, mode, where, keep_mode), path))
-        for tmp, path in staged:
-            _rename(tmp, path, where)
     except BaseException:
-        for tmp, _ in staged:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
+        _unlink(tmp for tmp, _ in staged)
         raise
+    with _signals_deferred():  # Ctrl-C or SIGTERM arrives after the last rename, not between two
+        try:
+            for tmp, path in staged:
+                _rename(tmp, path, where)
+                renamed.append(path)
+        except BaseException:  # a rename refused: the new files already in place go again
+            _unlink(path if path in renamed and path in new else tmp for tmp, path in staged)
+            raise
+
+
+def _unlink(paths: Iterable[Path | str]) -> None:
+    for path in paths:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+
+@contextlib.contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM for a few system calls and deliver them on leaving. Python runs signal handlers
+    in the main thread only: elsewhere nothing can interrupt the block, and it runs as is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    saved = {}
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        if signal.getsignal(signum) is not None:  # None: a handler from outside Python, kept as it is
+            saved[signum] = signal.signal(signum, lambda number, frame: held.append(number))
+    try:
+        yield
+    finally:
+        for signum, handler in saved.items():
+            signal.signal(signum, handler)
+        for number in dict.fromkeys(held):
+            signal.raise_signal(number)
 
 
 def write_atomic(

@@ -69,8 +69,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     User errors print compactly (exit 2); an unexpected exception prints one line (exit 4); Ctrl-C exits 130;
     a closed pipe ends quietly. ``VSL_FULL_ERROR=1`` adds the traceback and never changes the exit code.
     """
-    _tolerant_streams()
     try:
+        _tolerant_streams()
         return _dispatch(list(sys.argv[1:] if argv is None else argv))
     except VslError as exc:
         from verl_safe_launch.render import render_error
@@ -163,5 +163,9 @@ def _silence_stdout() -> None:
 
 
 def console_main() -> None:
-    """Console-script entry point."""
-    sys.exit(main())
+    """Console-script entry point; a second Ctrl-C while the first is reported still exits 130, quietly."""
+    try:
+        code = main()
+    except KeyboardInterrupt:  # before main's own handler was in place, or while it reported the first
+        code = _report("interrupted (Ctrl-C)", EXIT_INTERRUPTED, traceback_too=False)
+    sys.exit(code)

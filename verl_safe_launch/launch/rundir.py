@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import os
 import shlex
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -164,6 +165,21 @@ def choose_run_dir(run_dir: Path | None, force: bool, forced: list[str]) -> Path
     if is_non_empty(run_dir) and force:
         forced.append("non-empty run directory")
     return prepare_run_dir(run_dir, force=force)
+
+
+@contextlib.contextmanager
+def created_run_dir(run_dir: Path | None, force: bool, forced: list[str]) -> Iterator[Path]:
+    """``choose_run_dir`` for the block that writes it: a directory this made is removed again when the block
+    fails or is interrupted before anything is in it, so no empty run directory is left behind."""
+    existed = run_dir is not None and run_dir.is_dir()
+    path = choose_run_dir(run_dir, force, forced)
+    try:
+        yield path
+    except BaseException:
+        if not existed:
+            with contextlib.suppress(OSError):
+                path.rmdir()  # only an empty directory goes
+        raise
 
 
 def write_run_dir(
