@@ -23,7 +23,13 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = str(ROOT / "verl_safe_launch") + os.sep
-ARGS = ["run", "--dry-run", "-c", str(ROOT / "launch_examples" / "grpo_6gpu.yaml"), "hardware.gpu_memory_gb=80"]
+ARGS = [
+    "run",
+    "--dry-run",
+    "-c",
+    str(ROOT / "launch_examples" / "grpo_6gpu.yaml"),
+    "hardware.gpu_memory_gb=80",
+]
 COMPLETE = {"command.sh", "config.yaml", "overrides.txt", "preflight.json", "provenance.json"}
 
 
@@ -96,7 +102,9 @@ def main() -> None:
     odd = [o for o in (_in_fork(at) for at in moments) if _odd(o)]
     for outcome in odd:
         print(json.dumps(outcome))
-    print(f"{total:,} lines of verl-safe-launch per run; interrupted at {len(moments)} moments: {len(odd)} odd")
+    print(
+        f"{total:,} lines of verl-safe-launch per run; interrupted at {len(moments)} moments: {len(odd)} odd"
+    )
 
 
 if __name__ == "__main__":

@@ -32,7 +32,9 @@ def _ctrl_c() -> None:
     os.kill(os.getpid(), signal.SIGINT)
 
 
-def test_ctrl_c_between_two_renames_lands_after_the_last(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ctrl_c_between_two_renames_lands_after_the_last(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The signal comes while the first of three files is renamed into place: all three are written, then the
     interrupt is raised."""
     rename = files._rename
@@ -52,7 +54,9 @@ def test_ctrl_c_between_two_renames_lands_after_the_last(tmp_path: Path, monkeyp
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt", "b.txt", "c.txt"]
 
 
-def test_a_failed_rename_takes_back_the_new_files_before_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failed_rename_takes_back_the_new_files_before_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A disk that refuses the third rename: the two new files already in place are removed again."""
     rename = files._rename
 
@@ -99,4 +103,3 @@ def test_ctrl_c_while_the_first_is_reported_still_exits_130(
         cli_module.console_main()
     assert stopped.value.code == 130
     assert capsys.readouterr().err == "interrupted (Ctrl-C)\n"
-

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from verl_safe_launch.backends.allocation import allocation_findings, compose_allocation
 from verl_safe_launch.backends.answers import MAX_ANSWER_BYTES, AnswerTooLong, capped_answers
 from verl_safe_launch.backends.bringup import (
     BRINGUP_RULES,
@@ -77,6 +78,7 @@ __all__ = [
     "KubeRaySpec",
     "RayNode",
     "SlurmSpec",
+    "allocation_findings",
     "allocation_lines",
     "bringup_findings",
     "capped_answers",
@@ -84,6 +86,7 @@ __all__ = [
     "check_reference",
     "client",
     "cluster_nodes",
+    "compose_allocation",
     "count_arg",
     "cpus_per_task",
     "entrypoint",

@@ -19,6 +19,9 @@ class JobMigration:
 
     options: tuple[str, ...]
     notes: tuple[str, ...]
+    nodes: int = 1
+    gpus_per_node: int = 8
+    cpus_per_task: int | None = None
 
     def command(self, configs: tuple[str, ...], tokens: tuple[str, ...], script: str) -> str:
         """The whole command line, every argument shell-quoted."""
@@ -62,7 +65,8 @@ def plan_job(job: JobScript, view: ConfigView | None) -> JobMigration:
         f"not carried over: {d.raw} (line {d.line}); add it to the new job by hand" for d in extras(job)
     ]
     notes += [f"ignored by sbatch, not carried over: {d.raw} (line {d.line})" for d in job.ignored]
-    return JobMigration(tuple(options), tuple(notes))
+    cpus = alloc.cpus_per_task.value if alloc.cpus_per_task is not None else None
+    return JobMigration(tuple(options), tuple(notes), nodes, gpus, cpus)
 
 
 def extras(job: JobScript) -> list[Directive]:

@@ -97,7 +97,9 @@ def _run(ns: argparse.Namespace, args: Sequence[str], offset: int, out: Outcome)
     for text in (*args, os.getcwd()):  # each is written into the run directory: refuse before creating it
         check_text(text, where="command line" if text in args else "working directory")
     with rundir.created_run_dir(ns.run_dir, ns.force, forced) as run_dir:
-        rundir.write_run_dir(run_dir, cfg, composed, pre.findings, args, list(ns.overrides), forced, ns.config)
+        rundir.write_run_dir(
+            run_dir, cfg, composed, pre.findings, args, list(ns.overrides), forced, ns.config
+        )
     out.data["run_dir"] = str(run_dir)
     out.say(f"run directory: {run_dir}")
     import_path = _import_chosen_verl()

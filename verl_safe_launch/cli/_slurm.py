@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from verl_safe_launch.backends import cpus_per_task, slurm
+from verl_safe_launch.backends import allocation_findings, slurm
 from verl_safe_launch.cli._common import (
     add_compose_args,
     compose_for_allocation,
@@ -125,9 +125,7 @@ def _write_job(args: Sequence[str], offset: int) -> int:
     for path in (script, config):
         check_target(path, force=ns.force, inputs=ns.config, where="command line (-o)")
     composed, profile = compose_for_allocation(ns, args, offset)
-    pre = launch_preflight(composed, "slurm", profile)
-    cpus, cpu_finding = cpus_per_task(composed.view, ns.cpus_per_task, ns.nodes)
-    findings = [*pre.findings, *([cpu_finding] if cpu_finding else [])]
+    findings, cpus = allocation_findings(composed, profile, ns.cpus_per_task, ns.nodes)
     spec = _spec(ns, script, config, cpus, slurm.argv_overrides(composed))
     slurm.validate_spec(spec)
     if has_errors(findings):

@@ -115,7 +115,9 @@ def _submit(
     forced = ["pre-flight errors"] if not pre.ok else []
     cfg = rundir.resolved_config(composed)
     with rundir.created_run_dir(ns.run_dir, ns.force, forced) as run_dir:
-        rundir.write_run_dir(run_dir, cfg, composed, pre.findings, args, list(ns.overrides), forced, ns.config)
+        rundir.write_run_dir(
+            run_dir, cfg, composed, pre.findings, args, list(ns.overrides), forced, ns.config
+        )
     values = {k: v for k, v in slurm.user_layer(composed.view).items() if k != "ray_kwargs.ray_init.address"}
     rundir.atomic_write(run_dir / JOB_CONFIG, slurm.render_user_yaml(values))
     command = entrypoint(JOB_CONFIG, slurm.argv_overrides(composed))
