@@ -13,6 +13,7 @@ import tempfile
 import threading
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
+from typing import BinaryIO
 
 from verl_safe_launch.errors import InputError, UsageError
 
@@ -78,6 +79,26 @@ def read_input(
             fix=f"pass a {what} under {limit // 1024} KiB",
         )
     return data
+
+
+def open_regular(path: Path | str, *, what: str = "file", where: str | None = None) -> BinaryIO:
+    """A regular file opened for streaming (any size); a FIFO, a device (``/dev/zero`` behind a link), a socket
+    or a directory is an InputError at once, never waited on or read forever."""
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except (OSError, ValueError) as exc:
+        raise InputError(
+            f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}", where=where
+        ) from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise InputError(
+            f"{path} is {kind_of(mode)}, not a regular file", where=where, fix=f"pass a {what} saved on disk"
+        )
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
 
 
 def read_text_input(

@@ -23,6 +23,8 @@ from verl_safe_launch.inputs import (
     ToolSettings,
     YamlDoc,
     cached_bytes,
+    charge_verl_yaml,
+    composition_budget,
     display_path,
     parse_override,
     read_yaml,
@@ -60,8 +62,15 @@ def compose(request: ComposeRequest) -> Composed:
 
     verl's composed defaults are built once per process for each set of config-group choices
     (``model_engine=megatron``...) and copied for each composition; the layers above them are applied to the
-    copy in Hydra's order, so the result equals Hydra's own ``compose()`` of the same overrides.
+    copy in Hydra's order, so the result equals Hydra's own ``compose()`` of the same overrides. Everything it
+    reads (verl's config files, the preset, every -c file) shares one budget of YAML values.
     """
+    with composition_budget():
+        charge_verl_yaml()
+        return _compose(request)
+
+
+def _compose(request: ComposeRequest) -> Composed:
     from omegaconf import OmegaConf
 
     if len(request.overrides) > MAX_LAYER_KEYS:
@@ -173,6 +182,12 @@ def _compose_verl(group_overrides: list[Any]) -> _Base:
 
 def _compose_fresh(group_overrides: list[Any]) -> tuple[Any, tuple[Write, ...]]:
     cfg, entries = _hydra.compose_defaults(group_overrides)
+    with composition_budget():  # verl's files were counted (charge_verl_yaml): read again for their lines
+        writes = _verl_writes(entries)
+    return cfg, tuple(writes)
+
+
+def _verl_writes(entries: Sequence[Any]) -> list[Write]:
     writes: list[Write] = []
     for entry in entries:
         path = verl_config_dir() / f"{entry.config_path}.yaml"
@@ -186,7 +201,7 @@ def _compose_fresh(group_overrides: list[Any]) -> tuple[Any, tuple[Write, ...]]:
             if top in STRIPPED_FILE_KEYS:
                 continue
             writes.append(Write(prefix + leaf.key, leaf.value, Source(Layer.VERL, source_file, leaf.line)))
-    return cfg, tuple(writes)
+    return writes
 
 
 @functools.lru_cache(maxsize=256)

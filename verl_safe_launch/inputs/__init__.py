@@ -31,6 +31,7 @@ from verl_safe_launch.inputs.overrides import (
     split_tool_tokens,
 )
 from verl_safe_launch.inputs.profile import Fact, HardwareProfile, merge_profiles
+from verl_safe_launch.inputs.read_budget import MAX_VALUES, composition_budget
 from verl_safe_launch.inputs.registries import REGISTRIES, Registry, read_registries, registered_names
 from verl_safe_launch.inputs.release import TESTED, VerlRelease, describe_need, verl_release, version_tuple
 from verl_safe_launch.inputs.request import ComposeRequest, request_from_args
@@ -45,11 +46,13 @@ from verl_safe_launch.inputs.verl_paths import (
     verl_origin,
     verl_package_dir,
 )
+from verl_safe_launch.inputs.verl_values import charge_verl_yaml, verl_yaml_values
 from verl_safe_launch.inputs.yamlfile import YamlDoc, YamlLeaf, parse_yaml, read_yaml
 
 __all__ = [
     "DETECT_ENV",
     "GPU_KEYS",
+    "MAX_VALUES",
     "PRIMARY_CONFIG",
     "REGISTRIES",
     "TESTED",
@@ -69,8 +72,10 @@ __all__ = [
     "cache_root",
     "cached_bytes",
     "cached_fact",
+    "charge_verl_yaml",
     "choose_verl",
     "cli_tokens",
+    "composition_budget",
     "count_of",
     "dataclass_field_names",
     "describe_need",
@@ -101,5 +106,6 @@ __all__ = [
     "verl_package_dir",
     "verl_prefix",
     "verl_release",
+    "verl_yaml_values",
     "version_tuple",
 ]

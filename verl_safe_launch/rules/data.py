@@ -56,7 +56,9 @@ def files_missing(ctx: RuleContext) -> list[Draft]:
     """A local train/val file that is not there fails verl only when it loads the dataset, after the models."""
     out: list[Draft] = []
     for key in FILE_KEYS:
-        missing = [p for p in _paths(ctx.view.get(key)) if not _remote(p) and not Path(p).expanduser().exists()]
+        missing = [
+            p for p in _paths(ctx.view.get(key)) if not _remote(p) and not Path(p).expanduser().exists()
+        ]
         if not missing:
             continue
         placeholder = _by_default(ctx.view, key)
