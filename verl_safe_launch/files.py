@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from verl_safe_launch.errors import InputError, UsageError
+from verl_safe_launch.secret import redact
 
 MAX_INPUT_BYTES = 1024 * 1024
 """The largest input file read by default (a YAML layer): 1 MiB. Launch scripts have 256 KiB, config.json 4 MiB."""
@@ -286,7 +287,7 @@ def write_atomic(
     write_files({path: (text, mode)}, force=force, inputs=inputs, where=where, keep_mode=keep_mode)
 
 
-def make_directory(base: Path, *, where: str = "--run-dir") -> Path:
+def make_directory(base: Path, *, where: str = "--run-dir", mode: int = 0o777) -> Path:
     """Create a new directory ``base`` (its parents as needed) atomically; on a collision, ``base_1``, ``base_2`` ...
 
     Two processes never get the same directory: ``mkdir`` itself decides who created it.
@@ -296,7 +297,7 @@ def make_directory(base: Path, *, where: str = "--run-dir") -> Path:
     for n in range(10_000):
         candidate = base if n == 0 else base.with_name(f"{base.name}_{n}")
         try:
-            candidate.mkdir()
+            candidate.mkdir(mode)
         except FileExistsError:
             continue
         except OSError as exc:
@@ -307,15 +308,15 @@ def make_directory(base: Path, *, where: str = "--run-dir") -> Path:
     )
 
 
-def ensure_directory(path: Path, *, where: str = "--run-dir") -> None:
+def ensure_directory(path: Path, *, where: str = "--run-dir", mode: int = 0o777) -> None:
     """Create ``path`` and its parents when missing; a path that is not a directory is a UsageError."""
-    _mkdirs(path, where)
+    _mkdirs(path, where, mode)
 
 
-def _mkdirs(path: Path, where: str) -> None:
+def _mkdirs(path: Path, where: str, mode: int = 0o777) -> None:
     check_text_name(path, where=where)
     try:
-        path.mkdir(parents=True, exist_ok=True)
+        path.mkdir(mode, parents=True, exist_ok=True)  # the mode (less the umask) of the last one only
     except FileExistsError:
         raise UsageError(
             f"{path} exists and is not a directory", where=where, fix="choose another path"
@@ -340,7 +341,7 @@ def _stage(path: Path, text: str, mode: int, where: str, keep_mode: bool) -> str
         ) from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
+            handle.write(redact(text))  # no secret's value reaches a file: ${oc.env:NAME} in its place
         os.chmod(tmp, mode if old is None else old)
     except BaseException as exc:
         with contextlib.suppress(OSError):

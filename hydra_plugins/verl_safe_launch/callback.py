@@ -57,8 +57,7 @@ class PreflightCallback(Callback):
             )
         if code:
             _stop(code, text)
-        sys.stderr.write(text)
-        sys.stderr.flush()
+        _write(text)
 
     def _check(self, config: Any) -> tuple[int, str]:
         config_name = str(config.hydra.job.config_name)
@@ -75,10 +74,17 @@ def _stop(code: int, text: str) -> None:
     """Print ``text`` and end the process with ``code`` (SystemExit passes through Hydra's callback wrapper)."""
     from verl_safe_launch.render import escape_lines
 
-    sys.stderr.write(escape_lines(text.rstrip("\n")) + "\n")
-    sys.stderr.flush()
+    _write(escape_lines(text.rstrip("\n")) + "\n")
     sys.stdout.flush()
     raise SystemExit(code)
+
+
+def _write(text: str) -> None:
+    """To stderr as every output of verl-safe-launch leaves: invisible characters escaped, no secret's value."""
+    from verl_safe_launch.render import shown
+
+    sys.stderr.write(shown(text))
+    sys.stderr.flush()
 
 
 def task_values(config: Any) -> dict[str, Any]:

@@ -13,6 +13,13 @@ from verl_safe_launch.backends.bringup import (
     cpus_per_task,
     ray_cpus_per_node,
 )
+from verl_safe_launch.backends.env_forward import (
+    DEFAULT_PREFIXES,
+    Forwarding,
+    choose_forwarding,
+    describe,
+    env_forward_arg,
+)
 from verl_safe_launch.backends.job_migration import (
     JobMigration,
     extras,
@@ -64,6 +71,7 @@ from verl_safe_launch.backends.slurm_job import (
 
 __all__ = [
     "BRINGUP_RULES",
+    "DEFAULT_PREFIXES",
     "JOB_CONFIG",
     "JOB_FILE",
     "LAUNCH_MARKERS",
@@ -72,6 +80,7 @@ __all__ = [
     "AnswerTooLong",
     "BringupContext",
     "Container",
+    "Forwarding",
     "JobMigration",
     "JobTarget",
     "Joined",
@@ -84,12 +93,15 @@ __all__ = [
     "capped_answers",
     "check_name",
     "check_reference",
+    "choose_forwarding",
     "client",
     "cluster_nodes",
     "compose_allocation",
     "count_arg",
     "cpus_per_task",
+    "describe",
     "entrypoint",
+    "env_forward_arg",
     "extras",
     "final_code",
     "find_container",

@@ -19,6 +19,7 @@ from verl_safe_launch.errors import (
     UsageError,
     VslError,
 )
+from verl_safe_launch.secret import forget, redact
 
 # verb -> (module inside verl_safe_launch.cli, one-line summary); the DESIGN.md contract.
 VERBS: dict[str, tuple[str, str]] = {
@@ -71,6 +72,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     try:
         _tolerant_streams()
+        forget()  # secrets an earlier command in this process met in its inputs
         return _dispatch(list(sys.argv[1:] if argv is None else argv))
     except VslError as exc:
         from verl_safe_launch.render import render_error
@@ -86,7 +88,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if module is not None and module != "verl_safe_launch":
             error = missing_dependency([module])
             return _report(error.render(), error.exit_code)
-        what = f"{type(exc).__name__}: {exc}".splitlines()[0] if str(exc) else type(exc).__name__
+        from verl_safe_launch.render import escape
+
+        what = escape(f"{type(exc).__name__}: {exc}".splitlines()[0] if str(exc) else type(exc).__name__)
         return _report(
             f"internal error: {what} (a bug in verl-safe-launch; VSL_FULL_ERROR=1 for the traceback)",
             EXIT_INTERNAL,
@@ -106,7 +110,10 @@ def _dispatch(args: list[str]) -> int:
         if exc.name != f"verl_safe_launch.cli.{module_name}":
             raise
         raise UsageError(f"verb '{verb}' is not available in this version") from None
-    code: int = module.main(rest, offset)
+    from verl_safe_launch.render import guarded_output  # the verb has imported it: no cost
+
+    with guarded_output():
+        code: int = module.main(rest, offset)
     return code
 
 
@@ -141,7 +148,7 @@ def _report(text: str, code: int, *, traceback_too: bool = True) -> int:
     if traceback_too and os.environ.get("VSL_FULL_ERROR") == "1":
         traceback.print_exc()
     with contextlib.suppress(BrokenPipeError, ValueError):
-        print(text, file=sys.stderr)
+        print(redact(text), file=sys.stderr)
     return code
 
 

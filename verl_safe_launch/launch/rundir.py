@@ -27,8 +27,12 @@ from verl_safe_launch.files import (
 from verl_safe_launch.findings import Finding
 from verl_safe_launch.launch.plan import LaunchBlocked
 from verl_safe_launch.render import json_document, json_text
+from verl_safe_launch.secret import redact
 
 DEFAULT_ROOT = Path("outputs")
+RUN_DIR_MODE = 0o700
+"""A run directory this makes is its owner's alone: it records the config, the command and the logs of a run,
+often on a shared file system."""
 CONFIG_FILE = "config.yaml"
 RUN_FILES = ("config.yaml", "overrides.txt", "provenance.json", "preflight.json", "command.sh")
 # Environment variables that decide where and how a launch runs; command.sh exports them when set.
@@ -51,7 +55,7 @@ def auto_run_dir(now: datetime, root: Path = DEFAULT_ROOT) -> Path:
 
     The directory is made with one ``mkdir`` (no exist_ok), so two launches never share it.
     """
-    return make_directory(root / now.strftime("%Y-%m-%d") / now.strftime("%H-%M-%S"))
+    return make_directory(root / now.strftime("%Y-%m-%d") / now.strftime("%H-%M-%S"), mode=RUN_DIR_MODE)
 
 
 def prepare_run_dir(path: Path, *, force: bool) -> Path:
@@ -66,7 +70,7 @@ def prepare_run_dir(path: Path, *, force: bool) -> Path:
             where="--run-dir",
             fix="choose a new --run-dir, or pass --force to write into it (same-named files are replaced)",
         )
-    ensure_directory(path)
+    ensure_directory(path, mode=RUN_DIR_MODE)
     return path
 
 
@@ -88,10 +92,11 @@ def is_non_empty(path: Path) -> bool:
 
 
 def render_config(cfg: Any) -> str:
-    """The resolved config as YAML: what config.yaml holds and what verl's task runner receives."""
+    """The resolved config as YAML: what config.yaml holds and what verl's task runner receives, each secret's
+    value as ``${oc.env:NAME}`` (the same text in the task runner, whose environment holds the same secrets)."""
     from omegaconf import OmegaConf
 
-    return str(OmegaConf.to_yaml(cfg, resolve=True, sort_keys=False))
+    return redact(str(OmegaConf.to_yaml(cfg, resolve=True, sort_keys=False)))
 
 
 def config_digest(text: str) -> str:
