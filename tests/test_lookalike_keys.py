@@ -68,3 +68,14 @@ def test_a_new_key_of_plain_letters_is_still_only_a_warning(
     result = cli("check", "-c", GRPO, "-c", str(layer), "hardware.gpu_memory_gb=80")
     assert "warning [new-key] data.train_batch_sise" in result.out + result.err
     assert "lookalike-key" not in result.out + result.err
+
+
+@pytest.mark.parametrize("key", ["data.train_batch_size\u200b", "data.tra\u0456n_batch_size"])
+def test_a_look_alike_key_on_the_command_line_is_refused_by_hydras_own_parser_and_shown_escaped(
+    cli: Callable[..., CliResult], monkeypatch: pytest.MonkeyPatch, key: str
+) -> None:
+    monkeypatch.setenv("VSL_HARDWARE_DETECT", "0")
+    result = cli("check", "-c", GRPO, f"{key}=64", "hardware.gpu_memory_gb=80")
+    assert result.code == 2, result.out + result.err
+    assert f"error: invalid override '{escape(key)}=64': token recognition error" in result.err
+    assert "\u200b" not in result.out + result.err
