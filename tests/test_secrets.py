@@ -119,3 +119,23 @@ def test_forwarding_by_glob_or_default_never_picks_a_secret() -> None:
 def test_a_malformed_env_forward_is_a_usage_error(spec: str) -> None:
     with pytest.raises(UsageError):
         env_forward_arg(spec)
+
+
+def test_migrate_of_a_slurm_job_leaves_an_exported_secret_to_the_submitting_environment(
+    cli: Callable[..., CliResult], tmp_path: Path
+) -> None:
+    job = tmp_path / "job.sh"
+    job.write_text(
+        "#!/bin/bash\n#SBATCH --nodes=1\n#SBATCH --gres=gpu:8\nmodule load cuda\n"
+        f"export WANDB_API_KEY={WANDB}\nexport NCCL_DEBUG=INFO HF_TOKEN={HF}\n"
+        "python3 -m verl.trainer.main_ppo data.train_batch_size=256 "
+        "actor_rollout_ref.model.path=Qwen/Qwen2.5-0.5B-Instruct trainer.n_gpus_per_node=8\n"
+    )
+    result = cli("migrate", str(job), "-o", str(tmp_path / "out.yaml"))
+    assert result.code == 0, result.out + result.err
+    command = result.out.splitlines()[0]
+    assert "--setup 'module load cuda' --setup 'export NCCL_DEBUG=INFO' -c" in command
+    assert "WANDB_API_KEY" not in command and "HF_TOKEN" not in command and "oc.env" not in command
+    assert "export WANDB_API_KEY (line 5) is not carried over: a secret" in result.out + result.err
+    assert "export HF_TOKEN (line 6) is not carried over" in result.out + result.err
+    assert WANDB not in result.out + result.err and HF not in result.out + result.err

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from verl_safe_launch.backends.bringup import LAUNCH_MARKERS
 from verl_safe_launch.config_view import ConfigView
+from verl_safe_launch.secret import is_secret_name
 from verl_safe_launch.shell import GPU_OPTIONS, SLURM_VERB_OPTIONS, Command, Directive, JobScript
 
 _SETUP_COMMANDS = frozenset({"module", "ml", "source", ".", "conda", "mamba", "micromamba", "spack"})
@@ -58,6 +59,11 @@ def plan_job(job: JobScript, view: ConfigView | None) -> JobMigration:
         if directive is not None and directive.value:
             options += [flag, directive.value]
     options += [arg for line in setup_lines(job) for arg in ("--setup", line)]
+    notes += [
+        f"export {name} (line {line}) is not carried over: a secret is never written into a job file; export it "
+        "where you run sbatch, which passes the environment to the job"
+        for name, line in secret_exports(job)
+    ]
     container, container_notes = find_container(job)
     options += container
     notes += container_notes
@@ -86,8 +92,28 @@ def extras(job: JobScript) -> list[Directive]:
 
 
 def setup_lines(job: JobScript) -> list[str]:
-    """Environment set-up the steps need (module load, source/conda activate, plain exports), as written."""
+    """Environment set-up the steps need (module load, source/conda activate, plain exports), as written; an
+    export of a secret (``secret_exports``) is left out."""
     lines: list[str] = []
+    for command in _setup_commands(job):
+        if command.name != "export" or not _exported_secrets(command):
+            lines.append(command.text)
+            continue
+        kept = [raw for raw in command.raws[1:] if not is_secret_name(raw.partition("=")[0])]
+        if kept:
+            lines.append(" ".join([command.raws[0], *kept]))
+    return lines
+
+
+def secret_exports(job: JobScript) -> list[tuple[str, int]]:
+    """The secrets the set-up exports (``export WANDB_API_KEY=...``), by name, with their lines."""
+    return [
+        (name, c.line) for c in _setup_commands(job) if c.name == "export" for name in _exported_secrets(c)
+    ]
+
+
+def _setup_commands(job: JobScript) -> list[Command]:
+    found: list[Command] = []
     for command in job.commands:
         if command.name in ("srun", "ray") or command.has("ray", "start"):
             break
@@ -98,8 +124,13 @@ def setup_lines(job: JobScript) -> list[str]:
             and all("=" in r and not re.search(r"[$`]", r) for r in command.raws[1:])
             and len(command.raws) > 1
         ):
-            lines.append(command.text)
-    return lines
+            found.append(command)
+    return found
+
+
+def _exported_secrets(command: Command) -> list[str]:
+    names = [raw.partition("=")[0] for raw in command.raws[1:]]
+    return [name for name in names if is_secret_name(name)]
 
 
 def find_container(job: JobScript) -> tuple[list[str], list[str]]:
@@ -174,4 +205,4 @@ def _unresolved(image: str, command: Command) -> list[str]:
     return []
 
 
-__all__ = ["JobMigration", "extras", "find_container", "plan_job", "setup_lines"]
+__all__ = ["JobMigration", "extras", "find_container", "plan_job", "secret_exports", "setup_lines"]
