@@ -28,6 +28,7 @@ _REGISTERED: dict[str, str] = {}
 """Secret values met in inputs (a script's ``export HF_TOKEN=...``), value → name."""
 
 
+@functools.lru_cache(maxsize=4096)
 def is_secret_name(name: str) -> bool:
     """Whether a variable of this name holds a secret (see the module's docstring)."""
     upper = name.upper()
