@@ -97,6 +97,14 @@ CASES = [
         f"+{ARR}.rollout.enable_sleep_mode=false",
     ),
     Case(
+        "lookalike-key",
+        ("++trainer.tot\u0430l_epochs=3", NAME),
+        Severity.ERROR,
+        "trainer.tot\u0430l_epochs prints like trainer.total_epochs but holds U+0430 CYRILLIC SMALL LETTER A, so "
+        "Hydra adds it as a new key that nothing reads and trainer.total_epochs keeps its value",
+        "trainer.total_epochs=3",
+    ),
+    Case(
         "new-key",
         ("++trainer.my_custom_flag=1", NAME),
         Severity.WARNING,

@@ -43,7 +43,7 @@ FIXTURES = [
     ("megatron_config_name.sh", 1, 17, None),
     ("megatron_strategy.sh", 1, 8, None),
     ("multiturn.sh", 1, 21, 42),
-    ("two_launches.sh", 2, 9, None),
+    ("two_launches.sh", 2, 10, None),
 ]
 
 

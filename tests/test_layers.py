@@ -20,6 +20,7 @@ STAGES: list[tuple[str, ...]] = [
         "config_view",
         "context",
         "data",
+        "secret",
     ),  # shared leaves
     ("inputs",),
     ("shell",),

@@ -27,7 +27,7 @@ NOT_RULES = frozenset(
         "kv-cache", "memory-pid", "no-go", "no-gpu", "num-cpus", "num-gpus", "nvidia-smi", "preflight-failed",
         "ray-head", "ray-task", "ray-worker", "seq-mean-token-mean", "seq-mean-token-sum",
         "seq-mean-token-sum-norm", "site-packages", "token-mean", "token-sum", "utf-8", "verl-safe-launch",
-        "vsl-config", "wait-ray", "wake-up", "deprecated-config", "kv-replicas", "kv-split",
+        "vsl-config", "wait-ray", "wake-up", "deprecated-config", "kv-replicas", "kv-split", "yaml-values",
     }
 )  # fmt: skip
 Cli = Callable[..., CliResult]

@@ -181,7 +181,8 @@ def test_migrated_two_node_job_runs_preflight_and_ray(
     )
     assert f"not carried over: python3 prepare_data.py (line {data_step}): a step of its own" in migrated.err
     assert (
-        f"not carried over: line {secret}: it sets a secret, which never goes into a job file" in migrated.err
+        f"export WANDB_API_KEY (line {secret}) is not carried over: it sets a secret, which never goes into a job"
+        in migrated.err
     )
     assert "not-a-real-key-0451" not in migrated.out + migrated.err
     words = shlex.split(migrated.out)

@@ -7,6 +7,7 @@ Enable it on any ``python -m verl.trainer.main_ppo`` command line with
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Mapping
 from typing import Any
@@ -31,27 +32,59 @@ class PreflightCallback(Callback):
     def __init__(self, **hardware: Any) -> None:
         unknown = sorted(set(hardware) - set(HARDWARE_FIELDS))
         if unknown:
-            raise SystemExit(
-                f"verl-safe-launch: unknown callback setting(s) {', '.join(unknown)}; "
-                f"use {', '.join(HARDWARE_FIELDS)}"
+            _stop(
+                2,
+                f"{HEADER}error: unknown callback setting(s) {', '.join(unknown)}\n"
+                f"  where: command line (+hydra.callbacks.vsl.{unknown[0]}=...)\n"
+                f"  fix: use {', '.join(HARDWARE_FIELDS)}\n",
             )
         self.hardware = {key: value for key, value in hardware.items() if value is not None}
 
     def on_job_start(self, config: Any, *, task_function: Any, **kwargs: Any) -> None:
-        """Check the task config (Hydra's, without its ``hydra`` node); exit with status 1 on errors."""
+        """Check the task config (Hydra's, without its ``hydra`` node); end the process on anything but GO.
+
+        Hydra turns an exception raised by a callback into a warning and runs the job anyway, so nothing may
+        leave this method as an exception: bad input ends the process with exit 2, errors found with exit 1
+        and the report, and a failure of the pre-flight itself with exit 4; verl never validates or starts Ray.
+        """
+        try:
+            code, text = self._check(config)
+        except Exception as exc:  # a bug of ours: the pre-flight did not run, so the job must not either
+            what = f"{type(exc).__name__}: {exc}".splitlines()[0]
+            code, text = (
+                4,
+                f"{HEADER}internal error: {what} (a bug in verl-safe-launch); the job was stopped\n",
+            )
+        if code:
+            _stop(code, text)
+        _write(text)
+
+    def _check(self, config: Any) -> tuple[int, str]:
         config_name = str(config.hydra.job.config_name)
         if config_name != SUPPORTED_CONFIG:
-            sys.stderr.write(
+            return 0, (
                 f"verl-safe-launch: pre-flight skipped: it composes verl's {SUPPORTED_CONFIG} config, "
                 f"this job uses {config_name}\n"
             )
-            return
         overrides = [str(item) for item in config.hydra.overrides.task]
-        code, text = preflight_report(overrides, task_values(config), self.hardware)
-        sys.stderr.write(text)
-        sys.stderr.flush()
-        if code:
-            raise SystemExit(code)
+        return preflight_report(overrides, task_values(config), self.hardware)
+
+
+def _stop(code: int, text: str) -> None:
+    """Print ``text`` and end the process with ``code`` (SystemExit passes through Hydra's callback wrapper)."""
+    from verl_safe_launch.render import escape_lines
+
+    _write(escape_lines(text.rstrip("\n")) + "\n")
+    sys.stdout.flush()
+    raise SystemExit(code)
+
+
+def _write(text: str) -> None:
+    """To stderr as every output of verl-safe-launch leaves: invisible characters escaped, no secret's value."""
+    from verl_safe_launch.render import shown
+
+    sys.stderr.write(shown(text))
+    sys.stderr.flush()
 
 
 def task_values(config: Any) -> dict[str, Any]:
@@ -132,14 +165,23 @@ def preflight_report(
     )
     try:
         composed = compose(ComposeRequest(overrides=tokens))
+        if values is not None:
+            composed = replace(composed, view=ConfigView(dict(values), composed.view.provenance))
+        profile = replace(detect_hardware(composed.tool), in_entry_point=True)
+        preflight = run_preflight(composed, profile)
     except VslError as exc:
-        return exc.exit_code, HEADER + render_error(exc) + "\n"
-    if values is not None:
-        composed = replace(composed, view=ConfigView(dict(values), composed.view.provenance))
-    profile = replace(detect_hardware(composed.tool), in_entry_point=True)
-    preflight = run_preflight(composed, profile)
+        return exc.exit_code, HEADER + callback_spelling(render_error(exc)) + "\n"
     code = 0 if preflight.ok else EXIT_PREFLIGHT
     return code, HEADER + render_findings_text(preflight.findings)
+
+
+_HARDWARE_TOKEN = re.compile(r"(?<![\w.+])hardware\.(" + "|".join(HARDWARE_FIELDS) + r")\b")
+
+
+def callback_spelling(text: str) -> str:
+    """A message of verl-safe-launch's own verbs with each ``hardware.X`` as the callback's setting: inside
+    verl's entry point the hardware is declared as ``+hydra.callbacks.vsl.X``."""
+    return _HARDWARE_TOKEN.sub(r"+hydra.callbacks.vsl.\1", text)
 
 
 def tool_token(text: str) -> str:

@@ -8,6 +8,7 @@ import shlex
 
 from verl_safe_launch.audit.aliases import covered
 from verl_safe_launch.audit.history import last_release_with
+from verl_safe_launch.audit.lookalike import code_points, lookalike
 from verl_safe_launch.audit.table import SCHEMA, AuditContext, audit_rule, finding, position, short
 from verl_safe_launch.audit.upgrade import current_key, moves_after
 from verl_safe_launch.compose import Rejected, config_groups
@@ -206,6 +207,35 @@ def did_you_mean(key: str, known: list[str]) -> str | None:
 
 
 @audit_rule(
+    "lookalike-key",
+    "a key with invisible or look-alike characters that reads as one of verl's keys (the run keeps verl's value)",
+    needs=SCHEMA,
+)
+def lookalike_keys(ctx: AuditContext) -> list[Finding]:
+    findings: list[Finding] = []
+    for write in ctx.user_writes():
+        key = write.key
+        target = _posing_as(ctx, key)
+        if target is None:
+            continue
+        message = (
+            f"{key} prints like {target} but holds {', '.join(code_points(key))}, so Hydra adds it as a new key "
+            f"that nothing reads and {target} keeps its value"
+        )
+        fix = f"{target}={format_value(write.value)}"
+        findings.append(finding("lookalike-key", Severity.ERROR, (key,), message, fix, [write]))
+    return findings
+
+
+def _posing_as(ctx: AuditContext, key: str) -> str | None:
+    """The real key ``key`` is drawn like, when ``key`` itself is not one."""
+    if ctx.facts.known(key):
+        return None
+    target = lookalike(key)
+    return target if target is not None and ctx.facts.known(target) else None
+
+
+@audit_rule(
     "new-key",
     "'+'/'++' (or a user file) creating a key that verl's config and dataclasses lack",
     needs=SCHEMA,
@@ -216,6 +246,8 @@ def new_keys(ctx: AuditContext) -> list[Finding]:
         key = write.key
         if ctx.facts.known(key) or ctx.facts.free_form_parent(key) or covered(key):
             continue
+        if _posing_as(ctx, key) is not None:
+            continue  # lookalike-key says what it is
         parent, _, leaf = key.rpartition(".")
         backing = ctx.facts.backing_class(parent)
         if backing is not None:
@@ -287,6 +319,7 @@ RULES: tuple[Rule[AuditContext], ...] = (
     shadowed_values,
     passthrough_overrides,
     unknown_keys,
+    lookalike_keys,
     new_keys,
     dataclass_fields,
 )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from verl_safe_launch.backends.allocation import allocation_findings, compose_allocation
 from verl_safe_launch.backends.answers import MAX_ANSWER_BYTES, AnswerTooLong, capped_answers
 from verl_safe_launch.backends.bringup import (
     BRINGUP_RULES,
@@ -11,6 +12,13 @@ from verl_safe_launch.backends.bringup import (
     bringup_findings,
     cpus_per_task,
     ray_cpus_per_node,
+)
+from verl_safe_launch.backends.env_forward import (
+    DEFAULT_PREFIXES,
+    Forwarding,
+    choose_forwarding,
+    describe,
+    env_forward_arg,
 )
 from verl_safe_launch.backends.job_migration import (
     JobMigration,
@@ -63,6 +71,7 @@ from verl_safe_launch.backends.slurm_job import (
 
 __all__ = [
     "BRINGUP_RULES",
+    "DEFAULT_PREFIXES",
     "JOB_CONFIG",
     "JOB_FILE",
     "LAUNCH_MARKERS",
@@ -71,22 +80,28 @@ __all__ = [
     "AnswerTooLong",
     "BringupContext",
     "Container",
+    "Forwarding",
     "JobMigration",
     "JobTarget",
     "Joined",
     "KubeRaySpec",
     "RayNode",
     "SlurmSpec",
+    "allocation_findings",
     "allocation_lines",
     "bringup_findings",
     "capped_answers",
     "check_name",
     "check_reference",
+    "choose_forwarding",
     "client",
     "cluster_nodes",
+    "compose_allocation",
     "count_arg",
     "cpus_per_task",
+    "describe",
     "entrypoint",
+    "env_forward_arg",
     "extras",
     "final_code",
     "find_container",

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from verl_safe_launch.backends.bringup import LAUNCH_MARKERS
 from verl_safe_launch.config_view import ConfigView
+from verl_safe_launch.secret import is_secret_name
 from verl_safe_launch.shell import GPU_OPTIONS, SLURM_VERB_OPTIONS, Command, Directive, JobScript
 
 
@@ -17,6 +18,9 @@ class JobMigration:
 
     options: tuple[str, ...]
     notes: tuple[str, ...]
+    nodes: int = 1
+    gpus_per_node: int = 8
+    cpus_per_task: int | None = None
 
     def command(self, configs: tuple[str, ...], tokens: tuple[str, ...], script: str) -> str:
         """The whole command line, every argument shell-quoted."""
@@ -62,7 +66,8 @@ def plan_job(job: JobScript, view: ConfigView | None) -> JobMigration:
         f"not carried over: {d.raw} (line {d.line}); add it to the new job by hand" for d in extras(job)
     ]
     notes += [f"ignored by sbatch, not carried over: {d.raw} (line {d.line})" for d in job.ignored]
-    return JobMigration(tuple(options), tuple(notes))
+    cpus = alloc.cpus_per_task.value if alloc.cpus_per_task is not None else None
+    return JobMigration(tuple(options), tuple(notes), nodes, gpus, cpus)
 
 
 def extras(job: JobScript) -> list[Directive]:
@@ -86,7 +91,6 @@ SETUP_COMMANDS = frozenset(
     | {"ulimit", "umask", "unset"}
 )
 """Commands that prepare a step's environment: carried over as ``--setup`` lines, run first in every step."""
-_SECRET_PARTS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL")
 _VARIABLE = re.compile(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)")
 
 
@@ -108,11 +112,18 @@ def read_setup(job: JobScript) -> Setup:
     with the variables it reads; everything else is named, grouped by why it is left out."""
     count = _launch_index(job)
     before, after = list(job.commands[:count]), list(job.commands[count:])
-    kept = [c for c in before if _is_setup(c) and not _secret(c)]
+    kept = [c for c in before if _is_setup(c) and _carried(c) is not None]
     wanted = _needed(kept, before)
-    kept += [c for c in before if _assigns(c) & wanted and c not in kept]
+    kept += [c for c in before if _assigns(c) & wanted and c not in kept and _carried(c) is not None]
     dropped = [c for c in before if c not in kept]
-    return Setup(tuple(c.text for c in sorted(kept, key=lambda c: c.line)), tuple(_notes(dropped, after)))
+    lines = tuple(text for c in sorted(kept, key=lambda c: c.line) if (text := _carried(c)) is not None)
+    secrets = [
+        f"{'export ' if c.name == 'export' else ''}{name} (line {c.line}) is not carried over: it sets a secret, "
+        "which never goes into a job file; export it where you run sbatch, which passes the environment to the job"
+        for c in before
+        for name in _secrets(c)
+    ]
+    return Setup(lines, (*secrets, *_notes(dropped, after)))
 
 
 def _launch_index(job: JobScript) -> int:
@@ -145,14 +156,23 @@ def _assigns(command: Command) -> set[str]:
     return set()
 
 
-def _secret(command: Command) -> bool:
-    names = [r.partition("=")[0] for r in command.raws[int(command.name == "export") :] if "=" in r]
-    return any(part in name.upper() for name in names for part in _SECRET_PARTS)
+def _secrets(command: Command) -> list[str]:
+    """The secrets a line sets (``WANDB_API_KEY=...``, ``export HF_TOKEN=...``), by name."""
+    return sorted(name for name in _assigns(command) if is_secret_name(name))
+
+
+def _carried(command: Command) -> str | None:
+    """The line as carried over: an export without its secrets; None where nothing is left."""
+    secrets = _secrets(command)
+    if not secrets:
+        return command.text
+    rest = [r for r in command.raws[1:] if r.partition("=")[0] not in secrets]
+    return " ".join([command.raws[0], *rest]) if command.name == "export" and rest else None
 
 
 def _needed(kept: list[Command], before: list[Command]) -> set[str]:
     """The variables the kept lines read, and those the assignments of them read in turn."""
-    assignments = {name: c for c in before for name in _assigns(c) if not _secret(c)}
+    assignments = {name: c for c in before for name in _assigns(c) if not is_secret_name(name)}
     wanted: set[str] = set()
     todo = [name for c in kept for name in _VARIABLE.findall(c.text)]
     while todo:
@@ -177,12 +197,9 @@ def _notes(dropped: list[Command], after: list[Command]) -> list[str]:
     notes: list[str] = []
     for command in dropped:
         names = _assigns(command)
-        if _secret(command):
-            notes.append(
-                f"not carried over: line {command.line}: it sets a secret, which never goes into a job file; export "
-                "it in the shell you submit from (sbatch passes the environment on)"
-            )
-        elif names and names & launch_reads:
+        if _secrets(command):
+            continue  # named above, by the secret it sets
+        if names and names & launch_reads:
             groups.setdefault("the launch read them; their values are in the YAML", []).append(command)
         elif names:
             groups.setdefault("no set-up line reads them (the job brings Ray up itself)", []).append(command)

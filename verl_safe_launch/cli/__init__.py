@@ -19,6 +19,7 @@ from verl_safe_launch.errors import (
     UsageError,
     VslError,
 )
+from verl_safe_launch.secret import forget, redact
 
 # verb -> (module inside verl_safe_launch.cli, one-line summary); the DESIGN.md contract.
 VERBS: dict[str, tuple[str, str]] = {
@@ -70,8 +71,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     User errors print compactly (exit 2); an unexpected exception prints one line (exit 4); Ctrl-C exits 130;
     a closed pipe ends quietly. ``VSL_FULL_ERROR=1`` adds the traceback and never changes the exit code.
     """
-    _tolerant_streams()
     try:
+        _tolerant_streams()
+        forget()  # secrets an earlier command in this process met in its inputs
         return _dispatch(list(sys.argv[1:] if argv is None else argv))
     except VslError as exc:
         from verl_safe_launch.render import render_error
@@ -87,7 +89,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if module is not None and module != "verl_safe_launch":
             error = missing_dependency([module])
             return _report(error.render(), error.exit_code)
-        what = f"{type(exc).__name__}: {exc}".splitlines()[0] if str(exc) else type(exc).__name__
+        from verl_safe_launch.render import escape
+
+        what = escape(f"{type(exc).__name__}: {exc}".splitlines()[0] if str(exc) else type(exc).__name__)
         return _report(
             f"internal error: {what} (a bug in verl-safe-launch; VSL_FULL_ERROR=1 for the traceback)",
             EXIT_INTERNAL,
@@ -107,7 +111,10 @@ def _dispatch(args: list[str]) -> int:
         if exc.name != f"verl_safe_launch.cli.{module_name}":
             raise
         raise UsageError(f"verb '{verb}' is not available in this version") from None
-    code: int = module.main(rest, offset)
+    from verl_safe_launch.render import guarded_output  # the verb has imported it: no cost
+
+    with guarded_output():
+        code: int = module.main(rest, offset)
     return code
 
 
@@ -142,7 +149,7 @@ def _report(text: str, code: int, *, traceback_too: bool = True) -> int:
     if traceback_too and os.environ.get("VSL_FULL_ERROR") == "1":
         traceback.print_exc()
     with contextlib.suppress(BrokenPipeError, ValueError):
-        print(text, file=sys.stderr)
+        print(redact(text), file=sys.stderr)
     return code
 
 
@@ -164,5 +171,9 @@ def _silence_stdout() -> None:
 
 
 def console_main() -> None:
-    """Console-script entry point."""
-    sys.exit(main())
+    """Console-script entry point; a second Ctrl-C while the first is reported still exits 130, quietly."""
+    try:
+        code = main()
+    except KeyboardInterrupt:  # before main's own handler was in place, or while it reported the first
+        code = _report("interrupted (Ctrl-C)", EXIT_INTERRUPTED, traceback_too=False)
+    sys.exit(code)

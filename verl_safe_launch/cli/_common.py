@@ -6,21 +6,17 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Any, NoReturn
 
+from verl_safe_launch.backends import compose_allocation
 from verl_safe_launch.compose import Composed, require_accepted
 from verl_safe_launch.errors import UsageError
 from verl_safe_launch.inputs import (
-    DETECT_ENV,
     HardwareProfile,
     OverrideToken,
-    detect_hardware,
-    hardware_fills,
     request_from_args,
-    split_tool_tokens,
 )
-from verl_safe_launch.presets import compose_for_launch, compose_with_preset
+from verl_safe_launch.presets import compose_for_launch
 from verl_safe_launch.provenance import Layer, Source
 from verl_safe_launch.render import json_text
 
@@ -104,18 +100,14 @@ def compose_for_allocation(
                 where="command line",
                 fix="drop it and pass --nodes / --gpus-per-node",
             )
-    base = request_from_args(ns, args, offset)
-    tokens = base.overrides + tuple(
+    hardware = [
         _option_token(args, offset, flag, f"hardware.{name}={value}")
         for flag, name, value in (
             ("--nodes", "nodes", ns.nodes),
             ("--gpus-per-node", "gpus_per_node", ns.gpus_per_node),
         )
-    )
-    tool_profile = detect_hardware(split_tool_tokens(tokens)[1], env={DETECT_ENV: "0"})
-    tool_profile = replace(tool_profile, allocation_for=verb)
-    request = replace(base, overrides=tokens, fills=hardware_fills(tool_profile))
-    return compose_with_preset(request, tool_profile), tool_profile
+    ]
+    return compose_allocation(request_from_args(ns, args, offset), hardware, verb)
 
 
 def _option_token(args: Sequence[str], offset: int, flag: str, text: str) -> OverrideToken:

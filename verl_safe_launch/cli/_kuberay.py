@@ -6,7 +6,6 @@ import math
 import shlex
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 from verl_safe_launch.backends import (
     KubeRaySpec,
@@ -20,7 +19,7 @@ from verl_safe_launch.backends import (
 from verl_safe_launch.cli._common import add_compose_args, compose_for_allocation, make_parser, parse
 from verl_safe_launch.context import RuleContext
 from verl_safe_launch.errors import EXIT_OK, EXIT_PREFLIGHT, InputError, UsageError
-from verl_safe_launch.files import write_atomic
+from verl_safe_launch.files import output_path, write_atomic
 from verl_safe_launch.launch import node_need
 from verl_safe_launch.memory import estimate_memory
 from verl_safe_launch.preflight import launch_preflight
@@ -45,7 +44,7 @@ def main(args: Sequence[str], offset: int) -> int:
     parser.add_argument("--gpus-per-node", type=int, required=True, metavar="G", help="GPUs per pod")
     parser.add_argument("--image", required=True, help="container image holding verl and verl-safe-launch")
     parser.add_argument(
-        "-o", "--output", required=True, type=Path, metavar="FILE.yaml", help="where to write"
+        "-o", "--output", required=True, type=output_path, metavar="FILE.yaml", help="where to write"
     )
     parser.add_argument("--name", default="verl", help="the RayJob's name (default verl)")
     parser.add_argument("--namespace", help="Kubernetes namespace")

@@ -19,12 +19,11 @@ from verl_safe_launch.audit import (
     plan_upgrade,
     render_yaml,
 )
-from verl_safe_launch.backends import plan_job
+from verl_safe_launch.backends import JobMigration, allocation_findings, compose_allocation, plan_job
 from verl_safe_launch.cli._common import make_parser, parse
 from verl_safe_launch.compose import compose
-from verl_safe_launch.config_view import ConfigView
 from verl_safe_launch.errors import EXIT_OK, InputError
-from verl_safe_launch.files import check_target, write_atomic
+from verl_safe_launch.files import check_target, check_text_name, write_atomic
 from verl_safe_launch.findings import has_errors
 from verl_safe_launch.inputs import (
     DETECT_ENV,
@@ -88,8 +87,9 @@ def main(args: Sequence[str], offset: int) -> int:
         launch, fixes = replace(launch, tokens=fixed.tokens), fixed.changes
     composed = compose(launch.request(lenient=True))
     migration = plan_migration(launch, composed, output)
-    if job.is_job:
-        migration = _as_job(migration, job, composed.view, output)
+    plan = plan_job(job, composed.view) if job.is_job else None
+    if plan is not None:
+        migration = _as_job(migration, job, plan, output)
     inputs = [ns.script, *launch.config_files]
     write_atomic(output, render_yaml(migration), force=ns.force, inputs=inputs, where="-o/--output")
     print(escape(command_line(migration)))
@@ -100,12 +100,13 @@ def main(args: Sequence[str], offset: int) -> int:
         )
     for note in migration.notes:
         print(escape(f"note: {note}"), file=sys.stderr)
-    print(escape(f"note: {preflight_note(migration, output)}"), file=sys.stderr)
+    print(escape(f"note: {preflight_note(migration, output, plan)}"), file=sys.stderr)
     return EXIT_OK
 
 
 def _output(text: str, script: str) -> Path:
     """``-o FILE.yaml``, or ``-o DIR`` (an existing directory, or a path ending in '/'): DIR/SCRIPT.yaml."""
+    check_text_name(text, where="-o/--output")
     path = Path(text)
     if path.is_dir() or text.endswith(os.sep):
         if not path.is_dir():
@@ -119,13 +120,12 @@ def _output(text: str, script: str) -> Path:
     return path
 
 
-def _as_job(migration: Migration, job: JobScript, view: ConfigView, output: Path) -> Migration:
+def _as_job(migration: Migration, job: JobScript, plan: JobMigration, output: Path) -> Migration:
     """The ``slurm`` command for the same allocation; GPU counts come from it, not from the YAML."""
     keys = {key for key, _, _ in GPU_KEYS}
     dropped = [e for e in migration.entries if e.key in keys]
     entries = tuple(e for e in migration.entries if e.key not in keys)
     tokens = tuple(t for t in migration.cli_tokens if t.partition("=")[0] not in keys)
-    plan = plan_job(job, view)
     fills = {key: getattr(job.allocation, name) for key, name, _ in GPU_KEYS}
     notes = [
         f"{e.key}={e.value} (line {e.source.line}) is left out: the job fills it from the allocation"
@@ -149,14 +149,28 @@ def _as_job(migration: Migration, job: JobScript, view: ConfigView, output: Path
     )
 
 
-def preflight_note(migration: Migration, output: Path) -> str:
-    """The pre-flight of what was written (the YAML plus the printed command), as one line."""
-    verl_tokens, tool = split_tool_tokens(cli_tokens([*migration.cli_tokens, *migration.check_tokens]))
-    request = ComposeRequest(
-        overrides=(*verl_tokens,), config_files=(*migration.config_files, output), lenient=True
-    )
-    pre = run_preflight(compose(request), detect_hardware(tool, env={DETECT_ENV: "0"}))
-    line = f"pre-flight of the migrated config: {summary_line(pre.findings)}"
-    if has_errors(pre.findings):
-        line += f"; see them with: {check_command(migration)}"
+def preflight_note(migration: Migration, output: Path, plan: JobMigration | None) -> str:
+    """The pre-flight of what was written (the YAML plus the printed command), as one line: for a job, the one
+    the printed ``slurm`` command runs (its allocation, its --cpus-per-task)."""
+    configs = (*migration.config_files, output)
+    if plan is not None:
+        request = ComposeRequest(
+            overrides=cli_tokens(migration.cli_tokens), config_files=configs, lenient=True
+        )
+        hardware = cli_tokens(
+            [f"hardware.nodes={plan.nodes}", f"hardware.gpus_per_node={plan.gpus_per_node}"]
+        )
+        composed, profile = compose_allocation(request, hardware, "slurm")
+        findings, _ = allocation_findings(composed, profile, plan.cpus_per_task, plan.nodes)
+        see = migration.command
+    else:
+        verl_tokens, tool = split_tool_tokens(cli_tokens([*migration.cli_tokens, *migration.check_tokens]))
+        request = ComposeRequest(overrides=(*verl_tokens,), config_files=configs, lenient=True)
+        findings = list(
+            run_preflight(compose(request), detect_hardware(tool, env={DETECT_ENV: "0"})).findings
+        )
+        see = check_command(migration)
+    line = f"pre-flight of the migrated config: {summary_line(findings)}"
+    if has_errors(findings):
+        line += f"; see them with: {see}"
     return line

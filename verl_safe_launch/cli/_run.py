@@ -12,7 +12,7 @@ from typing import Any
 
 from verl_safe_launch.cli._common import add_compose_args, compose_from_args, make_parser, parse, print_json
 from verl_safe_launch.errors import EXIT_LAUNCH, EXIT_OK, EXIT_PREFLIGHT, UsageError, VslError
-from verl_safe_launch.files import check_text_name
+from verl_safe_launch.files import check_text
 from verl_safe_launch.findings import Finding
 from verl_safe_launch.launch import LaunchPlan, plan_launch, render_plan, rundir
 from verl_safe_launch.preflight import Preflight, launch_preflight
@@ -95,9 +95,11 @@ def _run(ns: argparse.Namespace, args: Sequence[str], offset: int, out: Outcome)
         forced.append("pre-flight errors")
     cfg = rundir.resolved_config(composed)
     for text in (*args, os.getcwd()):  # each is written into the run directory: refuse before creating it
-        check_text_name(text, where="command line" if text in args else "working directory")
-    run_dir = rundir.choose_run_dir(ns.run_dir, ns.force, forced)
-    rundir.write_run_dir(run_dir, cfg, composed, pre.findings, args, list(ns.overrides), forced, ns.config)
+        check_text(text, where="command line" if text in args else "working directory")
+    with rundir.created_run_dir(ns.run_dir, ns.force, forced) as run_dir:
+        rundir.write_run_dir(
+            run_dir, cfg, composed, pre.findings, args, list(ns.overrides), forced, ns.config
+        )
     out.data["run_dir"] = str(run_dir)
     out.say(f"run directory: {run_dir}")
     import_path = _import_chosen_verl()

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from verl_safe_launch.backends import cpus_per_task, slurm
+from verl_safe_launch.backends import allocation_findings, slurm
 from verl_safe_launch.cli._common import (
     add_compose_args,
     compose_for_allocation,
@@ -22,7 +22,7 @@ from verl_safe_launch.cli._common import (
     print_json,
 )
 from verl_safe_launch.errors import EXIT_OK, EXIT_PREFLIGHT, LaunchError, UsageError
-from verl_safe_launch.files import check_target, write_files
+from verl_safe_launch.files import check_target, output_path, write_files
 from verl_safe_launch.findings import Finding, has_errors
 from verl_safe_launch.inputs import (
     detect_hardware,
@@ -109,7 +109,9 @@ def _parser() -> argparse.ArgumentParser:
         help="fail when Ray is not up on every node within this time (default %(default)s)",
     )
     out = parser.add_argument_group("the files")
-    out.add_argument("-o", "--script", required=True, type=Path, metavar="JOB.sbatch", help="script to write")
+    out.add_argument(
+        "-o", "--script", required=True, type=output_path, metavar="JOB.sbatch", help="script to write"
+    )
     out.add_argument("--submit", action="store_true", help="submit it with sbatch and print the job id")
     out.add_argument("--force", action="store_true", help="overwrite JOB.sbatch and JOB.yaml")
     add_compose_args(parser)
@@ -123,9 +125,7 @@ def _write_job(args: Sequence[str], offset: int) -> int:
     for path in (script, config):
         check_target(path, force=ns.force, inputs=ns.config, where="command line (-o)")
     composed, profile = compose_for_allocation(ns, args, offset, "slurm")
-    pre = launch_preflight(composed, "slurm", profile)
-    cpus, cpu_finding = cpus_per_task(composed.view, ns.cpus_per_task, ns.nodes)
-    findings = [*pre.findings, *([cpu_finding] if cpu_finding else [])]
+    findings, cpus = allocation_findings(composed, profile, ns.cpus_per_task, ns.nodes)
     spec = _spec(ns, script, config, cpus, slurm.argv_overrides(composed))
     slurm.validate_spec(spec)
     if has_errors(findings):

@@ -8,18 +8,21 @@ import os
 import shlex
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from verl_safe_launch.backends import (
+    DEFAULT_PREFIXES,
     JOB_CONFIG,
     JOB_FILE,
     AnswerTooLong,
     JobTarget,
     capped_answers,
+    choose_forwarding,
     client,
     cluster_nodes,
+    describe,
     entrypoint,
+    env_forward_arg,
     final_code,
     follow,
     job_address,
@@ -35,7 +38,7 @@ from verl_safe_launch.errors import EXIT_OK, EXIT_PREFLIGHT, UsageError
 from verl_safe_launch.findings import has_errors
 from verl_safe_launch.launch import auth_env, node_findings, node_need, ray_auth, rundir
 from verl_safe_launch.preflight import Preflight, launch_preflight
-from verl_safe_launch.render import render_findings_text
+from verl_safe_launch.render import escape, escape_lines, render_findings_text
 
 EXAMPLES = """\
   verl-safe-launch submit --address http://head:8265 -c launch_examples/grpo_6gpu.yaml --follow
@@ -48,8 +51,6 @@ directory, and the job runs 'verl-safe-launch run --attach' on it, so the memory
 cluster. Exit: 0 the job succeeded (or was submitted, with --no-wait), 1 the pre-flight or the node check refused
 it, 2 bad input or an unreachable cluster, 3 the job failed.
 """
-# Environment variables a run reads on the cluster, pinned into the job's runtime env when set here.
-PINNED_PREFIXES = ("VLLM_", "NCCL_", "HF_", "TRANSFORMERS_", "PYTORCH_", "TORCH_", "WANDB_", "VERL_")
 
 
 def main(args: Sequence[str], offset: int) -> int:
@@ -59,8 +60,18 @@ def main(args: Sequence[str], offset: int) -> int:
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--follow", action="store_true", help="stream the job's logs until it ends")
     mode.add_argument("--no-wait", action="store_true", help="return once the job is submitted")
-    parser.add_argument("--run-dir", type=Path, help="run directory (default outputs/<date>/<time>)")
+    parser.add_argument(
+        "--run-dir", type=rundir.run_dir_arg, help="run directory (default outputs/<date>/<time>)"
+    )
     parser.add_argument("--force", action="store_true", help="submit past pre-flight and node-check errors")
+    parser.add_argument(
+        "--env-forward",
+        type=env_forward_arg,
+        metavar="NAMES",
+        help="the variables the job gets: names or globs, comma-separated; 'default' (the default: set "
+        f"variables starting {', '.join(DEFAULT_PREFIXES)}, secrets excepted) or 'none'; a secret "
+        "(*TOKEN*, *KEY*, *SECRET*, *PASSWORD*...) only when named exactly",
+    )
     add_compose_args(parser)
     ns = parse(parser, args)
     composed = compose_from_args(ns, args, offset)
@@ -89,11 +100,13 @@ def _checked_submit(
     nodes = cluster_nodes(target)
     checks = node_findings(nodes, node_need(composed.view), f"Ray cluster {target.address}")
     alive = [n for n in nodes if n.alive]
-    print(f"cluster {target.address} ({target.source}): {len(alive)} alive node(s)")
-    for node in alive:
+    print(escape(f"cluster {target.address} ({target.source}): {len(alive)} alive node(s)"))
+    for node in alive:  # the cluster's answer: every name shown escaped
         print(
-            f"  {node.label}: {node.gpus:g} GPUs, {node.cpus:g} CPUs, {node.memory_gb:.0f} GiB"
-            + (f", {node.accelerator}" if node.accelerator else "")
+            escape(
+                f"  {node.label}: {node.gpus:g} GPUs, {node.cpus:g} CPUs, {node.memory_gb:.0f} GiB"
+                + (f", {node.accelerator}" if node.accelerator else "")
+            )
         )
     if checks:
         print(render_findings_text(checks).rstrip("\n"))
@@ -113,29 +126,35 @@ def _submit(
 ) -> int:
     forced = ["pre-flight errors"] if not pre.ok else []
     cfg = rundir.resolved_config(composed)
-    run_dir = rundir.choose_run_dir(ns.run_dir, ns.force, forced)
-    rundir.write_run_dir(run_dir, cfg, composed, pre.findings, args, list(ns.overrides), forced, ns.config)
+    with rundir.created_run_dir(ns.run_dir, ns.force, forced) as run_dir:
+        rundir.write_run_dir(
+            run_dir, cfg, composed, pre.findings, args, list(ns.overrides), forced, ns.config
+        )
     values = {k: v for k, v in slurm.user_layer(composed.view).items() if k != "ray_kwargs.ray_init.address"}
     rundir.atomic_write(run_dir / JOB_CONFIG, slurm.render_user_yaml(values))
     command = entrypoint(JOB_CONFIG, slurm.argv_overrides(composed))
-    env_vars = {k: v for k, v in sorted(os.environ.items()) if k.startswith(PINNED_PREFIXES)}
+    forwarding = choose_forwarding(os.environ, ns.env_forward)
+    for line in describe(forwarding):
+        print(escape(line))
     job_id = submit_job(
-        job_client, target, entrypoint=command, runtime_env=job_runtime_env(run_dir, env_vars)
+        job_client, target, entrypoint=command, runtime_env=job_runtime_env(run_dir, forwarding.values)
     )
-    record = {"address": target.address, "job_id": job_id, "entrypoint": command, "env_vars": env_vars}
-    rundir.atomic_write(run_dir / JOB_FILE, json.dumps(record, indent=2) + "\n")
-    print(f"run directory: {run_dir}")
-    print(f"submitted job {job_id} to {target.address}")
+    record = {"address": target.address, "job_id": job_id, "entrypoint": command, **forwarding.record()}
+    rundir.atomic_write(run_dir / JOB_FILE, json.dumps(record, indent=2) + "\n", mode=0o600)
+    print(escape(f"run directory: {run_dir}"))
+    print(escape(f"submitted job {job_id} to {target.address}"))
     print(
-        f"follow it with: ray job logs --address {shlex.quote(target.address)} {shlex.quote(job_id)} --follow"
+        escape(
+            f"follow it with: ray job logs --address {shlex.quote(target.address)} {shlex.quote(job_id)} --follow"
+        )
     )
     if ns.no_wait:
         return EXIT_OK
-    if ns.follow:
-        status = follow(job_client, job_id, lambda text: print(text, end="", flush=True))
+    if ns.follow:  # the job's own output, as the cluster sends it: control characters shown escaped
+        status = follow(job_client, job_id, lambda text: print(escape_lines(text), end="", flush=True))
     else:
-        status = wait(job_client, job_id, lambda text: print(text, flush=True))
-    print(f"job {job_id} ended: {status}", file=sys.stderr if status != "SUCCEEDED" else sys.stdout)
+        status = wait(job_client, job_id, lambda text: print(escape(text), flush=True))
+    print(escape(f"job {job_id} ended: {status}"), file=sys.stderr if status != "SUCCEEDED" else sys.stdout)
     if status != "SUCCEEDED":
         _explain_environment(job_client, job_id)
     return final_code(status)
@@ -149,5 +168,7 @@ def _explain_environment(job_client: Any, job_id: str) -> None:
         return
     line = next((text for text in logs.splitlines() if MISSING_MARK in text), None)
     if line is not None:
-        print(f"error: the cluster's Python {line.split('error: this Python ', 1)[-1]}", file=sys.stderr)
+        print(
+            escape(f"error: the cluster's Python {line.split('error: this Python ', 1)[-1]}"), file=sys.stderr
+        )
         print(f"  fix: {MISSING_FIX}", file=sys.stderr)

@@ -19,7 +19,7 @@ from verl_safe_launch.audit import (
 )
 from verl_safe_launch.cli._common import add_format_arg, make_parser, parse, print_json
 from verl_safe_launch.errors import EXIT_OK
-from verl_safe_launch.files import check_target, check_text_name, ensure_directory, write_atomic
+from verl_safe_launch.files import check_target, check_text_name, ensure_directory, output_path, write_atomic
 from verl_safe_launch.inputs import OverrideToken, read_yaml
 from verl_safe_launch.preflight import UpgradeReport, upgrade_launch
 from verl_safe_launch.provenance import Layer, Source
@@ -61,7 +61,9 @@ def main(args: Sequence[str], offset: int) -> int:
     parser.add_argument(
         "launch_file", metavar="SCRIPT.sh|FILE.yaml", help="a bash launch script or a YAML config"
     )
-    parser.add_argument("-o", "--output", required=True, metavar="DIR", help="folder for the upgraded YAML")
+    parser.add_argument(
+        "-o", "--output", required=True, type=output_path, metavar="DIR", help="folder for the upgraded YAML"
+    )
     parser.add_argument(
         "--from",
         dest="source",

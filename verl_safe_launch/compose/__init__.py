@@ -3,16 +3,9 @@
 from __future__ import annotations
 
 from verl_safe_launch.compose.budget import check_interpolation_budget
-from verl_safe_launch.compose.engine import (
-    Composed,
-    Rejected,
-    available_presets,
-    build_view,
-    compose,
-    preset_dir,
-    require_accepted,
-)
+from verl_safe_launch.compose.engine import Composed, Rejected, build_view, compose, require_accepted
 from verl_safe_launch.compose.interpolation import Resolver
+from verl_safe_launch.compose.layers import available_presets, preset_dir
 from verl_safe_launch.compose.overlay import Overlay, config_groups, model_engines, parse_value
 from verl_safe_launch.compose.resolution import resolution_findings, structure_findings
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import importlib.resources
 import pickle
 import re
 from collections.abc import Sequence
@@ -15,6 +14,7 @@ from verl_safe_launch.compose import _hydra, cached_defaults
 from verl_safe_launch.compose.applying import deepest_node, refusal, try_apply
 from verl_safe_launch.compose.budget import check_interpolation_budget
 from verl_safe_launch.compose.interpolation import Resolver, Unsupported, absolute_key
+from verl_safe_launch.compose.layers import MAX_LAYER_KEYS, STRIPPED_FILE_KEYS, user_layers
 from verl_safe_launch.config_view import ConfigView, flatten, format_value
 from verl_safe_launch.errors import ConfigError, InputError, UsageError, VslError, collect
 from verl_safe_launch.inputs import (
@@ -22,8 +22,9 @@ from verl_safe_launch.inputs import (
     OverrideToken,
     ToolSettings,
     YamlDoc,
-    YamlLeaf,
     cached_bytes,
+    charge_verl_yaml,
+    composition_budget,
     display_path,
     parse_override,
     read_yaml,
@@ -32,9 +33,6 @@ from verl_safe_launch.inputs import (
 )
 from verl_safe_launch.provenance import Layer, Provenance, Source, Write, writes_by_key
 
-_STRIPPED_FILE_KEYS = ("defaults", "hydra")
-MAX_LAYER_KEYS = 2_000
-"""The most keys one user file or one command line may set (verl's whole config has about 1,000 leaves)."""
 _INTERP = re.compile(r"\$\{(?:oc\.select:)?\s*([^,}\s]+)")
 
 
@@ -59,23 +57,20 @@ class Composed:
     rejected: tuple[Rejected, ...] = field(default=())
 
 
-def preset_dir() -> Path:
-    """The shipped ``conf/preset`` directory (a Hydra config group inside the installed package)."""
-    return Path(str(importlib.resources.files("verl_safe_launch.conf"))) / "preset"
-
-
-def available_presets() -> list[str]:
-    """Names of the presets shipped in ``conf/preset``."""
-    return sorted(p.stem for p in preset_dir().glob("*.yaml"))
-
-
 def compose(request: ComposeRequest) -> Composed:
     """Build the final config from verl defaults, preset, user files and overrides, with provenance.
 
     verl's composed defaults are built once per process for each set of config-group choices
     (``model_engine=megatron``...) and copied for each composition; the layers above them are applied to the
-    copy in Hydra's order, so the result equals Hydra's own ``compose()`` of the same overrides.
+    copy in Hydra's order, so the result equals Hydra's own ``compose()`` of the same overrides. Everything it
+    reads (verl's config files, the preset, every -c file) shares one budget of YAML values.
     """
+    with composition_budget():
+        charge_verl_yaml()
+        return _compose(request)
+
+
+def _compose(request: ComposeRequest) -> Composed:
     from omegaconf import OmegaConf
 
     if len(request.overrides) > MAX_LAYER_KEYS:
@@ -89,7 +84,7 @@ def compose(request: ComposeRequest) -> Composed:
     cfg = base.private_cfg()
     writes = list(base.writes)
     preset_name = request.preset or (tool.preset[0] if tool.preset else None)
-    for layer_writes in _user_layers(preset_name, tool, request):
+    for layer_writes in user_layers(preset_name, tool, request):
         for write in layer_writes:
             _set(cfg, write)
         writes.extend(layer_writes)
@@ -194,6 +189,12 @@ def _compose_verl(group_overrides: list[Any]) -> _Base:
 
 def _compose_fresh(group_overrides: list[Any]) -> tuple[Any, tuple[Write, ...]]:
     cfg, entries = _hydra.compose_defaults(group_overrides)
+    with composition_budget():  # verl's files were counted (charge_verl_yaml): read again for their lines
+        writes = _verl_writes(entries)
+    return cfg, tuple(writes)
+
+
+def _verl_writes(entries: Sequence[Any]) -> list[Write]:
     writes: list[Write] = []
     for entry in entries:
         path = verl_config_dir() / f"{entry.config_path}.yaml"
@@ -204,70 +205,15 @@ def _compose_fresh(group_overrides: list[Any]) -> tuple[Any, tuple[Write, ...]]:
         source_file = display_path(path.resolve())
         for leaf in doc.leaves:
             top = leaf.key.split(".", 1)[0]
-            if top in _STRIPPED_FILE_KEYS:
+            if top in STRIPPED_FILE_KEYS:
                 continue
             writes.append(Write(prefix + leaf.key, leaf.value, Source(Layer.VERL, source_file, leaf.line)))
-    return cfg, tuple(writes)
+    return writes
 
 
 @functools.lru_cache(maxsize=256)
 def _read_verl_yaml(path: Path, mtime_ns: int) -> YamlDoc:
     return read_yaml(path, expand_dots=False)
-
-
-def _user_layers(preset: str | None, tool: ToolSettings, request: ComposeRequest) -> list[list[Write]]:
-    layers: list[list[Write]] = []
-    if preset:
-        path = preset_dir() / f"{preset}.yaml"
-        if not path.is_file():
-            names = ", ".join(available_presets()) or "(none installed)"
-            where = tool.preset[1].describe() if tool.preset else None
-            raise ConfigError(f"unknown preset '{preset}'", where=where, fix=f"use one of: {names}")
-        layers.append(_file_writes(path, Source(Layer.PRESET, name=preset), f"conf/preset/{preset}.yaml"))
-    if request.adapted:
-        layers.append(list(request.adapted))
-    for path in request.config_files:
-        user = path not in request.named_configs
-        layers.append(_file_writes(path, Source(Layer.FILE), str(path), user=user))
-    return layers
-
-
-def _file_writes(path: Path, base: Source, shown: str, *, user: bool = False) -> list[Write]:
-    doc = read_yaml(path, expand_dots=True)
-    if user:
-        _refuse_hydra_keys(doc, shown)
-        if len(doc.leaves) > MAX_LAYER_KEYS:
-            raise InputError(
-                f"{shown} sets {len(doc.leaves):,} keys, over the limit of {MAX_LAYER_KEYS:,} for one file",
-                where=shown,
-                fix="verl's whole config has about 1,000 keys: keep the ones this run changes",
-            )
-    leaves = [leaf for leaf in doc.leaves if leaf.key.split(".", 1)[0] not in _STRIPPED_FILE_KEYS]
-    return [_leaf_write(leaf, base, shown) for leaf in leaves]
-
-
-_HYDRA_KEY_FIX = {
-    "defaults": "delete the 'defaults:' list and select config groups on the command line "
-    "(e.g. model_engine=megatron)",
-    "hydra": "delete the 'hydra:' section: Hydra's own settings are not part of verl's config",
-}
-
-
-def _refuse_hydra_keys(doc: YamlDoc, shown: str) -> None:
-    """A user layer holds verl keys only: a top-level ``defaults:`` or ``hydra:`` would be silently dropped."""
-    for leaf in doc.leaves:
-        top = leaf.key.split(".", 1)[0]
-        if top in _STRIPPED_FILE_KEYS:
-            raise InputError(
-                f"{shown}: the top-level '{top}:' is not applied from a -c file (it is Hydra's, not verl's)",
-                where=f"{shown}:{leaf.line}",
-                fix=_HYDRA_KEY_FIX[top],
-            )
-
-
-def _leaf_write(leaf: YamlLeaf, base: Source, shown: str) -> Write:
-    source = Source(base.layer, shown, leaf.line, name=base.name, reason=base.reason)
-    return Write(leaf.key, leaf.value, source)
 
 
 def _set(cfg: Any, write: Write) -> None:

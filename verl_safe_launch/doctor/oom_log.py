@@ -9,6 +9,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from verl_safe_launch.files import open_regular
 from verl_safe_launch.launch import STAGES
 
 # torch >= 2.1: "CUDA out of memory. Tried to allocate 13.91 GiB. GPU 0 has a total capacity of 79.11 GiB of which
@@ -358,16 +359,22 @@ def distinct(events: Iterable[OomEvent]) -> list[OomEvent]:
     return (named or task)[:1]
 
 
-def read_lines(file: Path) -> Iterator[str]:
-    """A log's lines, decoded leniently, one at a time; a line longer than ``MAX_LINE`` bytes comes in pieces."""
-    with file.open("rb") as stream:
-        while line := stream.readline(MAX_LINE):
+def read_lines(file: Path, limit: int | None = None) -> Iterator[str]:
+    """A log's lines, decoded leniently, one at a time; a line longer than ``MAX_LINE`` bytes comes in pieces.
+
+    Only a regular file is read (a FIFO or a device is an InputError at once), up to ``limit`` bytes if given."""
+    left = limit
+    with open_regular(file, what="log") as stream:
+        while line := stream.readline(MAX_LINE if left is None else min(MAX_LINE, left)):
+            if left is not None:
+                left -= len(line)
             yield line.decode("utf-8", "replace").rstrip("\r\n")
 
 
 def log_files(path: Path) -> list[Path]:
     """The log itself, or the log-like files under a run directory (Ray's worker logs included), sorted."""
-    if path.is_file():
+    if not path.is_dir():
+        open_regular(path, what="log", where="PATH").close()  # a FIFO or a device is refused at once
         return [path]
     return sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in LOG_SUFFIXES)
 

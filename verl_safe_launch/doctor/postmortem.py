@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -13,7 +13,7 @@ from typing import Any
 from verl_safe_launch.config_view import format_value
 from verl_safe_launch.context import RuleContext
 from verl_safe_launch.doctor.oom_log import read_lines
-from verl_safe_launch.errors import LaunchError, VslError
+from verl_safe_launch.errors import InputError, LaunchError, VslError
 from verl_safe_launch.launch import STAGE_BY_NAME
 from verl_safe_launch.render import Column, render_table
 
@@ -106,14 +106,25 @@ def read_records(run_dir: Path) -> list[dict[str, Any]]:
     The files are streamed line by line (a line longer than 64 KiB is no record)."""
     records: list[dict[str, Any]] = []
     for path in sorted(run_dir.glob("memory-*.jsonl")):
-        for line in read_lines(path):
-            try:
-                item = json.loads(line)
-            except (ValueError, RecursionError):  # RecursionError: a line nested thousands deep
-                continue
-            if isinstance(item, dict) and "stage" in item:
-                records.append(item)
+        try:
+            records.extend(_records(path))
+        except InputError:  # a FIFO or a device where a record file should be: not a record
+            continue
     return sorted(records, key=_time)
+
+
+RECORDS_LIMIT = 64 * 1024 * 1024
+"""Bytes of one memory-*.jsonl read (a record is a few hundred bytes; a run writes a few per stage call)."""
+
+
+def _records(path: Path) -> Iterator[dict[str, Any]]:
+    for line in read_lines(path, RECORDS_LIMIT):
+        try:
+            item = json.loads(line)
+        except (ValueError, RecursionError):  # RecursionError: a line nested thousands deep
+            continue
+        if isinstance(item, dict) and "stage" in item:
+            yield item
 
 
 def _time(record: Mapping[str, Any]) -> float:

@@ -51,6 +51,7 @@ from verl_safe_launch.inputs.overrides import (
     split_tool_tokens,
 )
 from verl_safe_launch.inputs.profile import Fact, HardwareProfile, merge_profiles
+from verl_safe_launch.inputs.read_budget import MAX_VALUES, composition_budget
 from verl_safe_launch.inputs.registries import (
     REGISTRIES,
     Registry,
@@ -73,11 +74,13 @@ from verl_safe_launch.inputs.verl_paths import (
     verl_origin,
     verl_package_dir,
 )
+from verl_safe_launch.inputs.verl_values import charge_verl_yaml, verl_yaml_values
 from verl_safe_launch.inputs.yamlfile import YamlDoc, YamlLeaf, parse_yaml, read_yaml
 
 __all__ = [
     "DETECT_ENV",
     "GPU_KEYS",
+    "MAX_VALUES",
     "PRIMARY_CONFIG",
     "REGISTRIES",
     "TESTED",
@@ -99,9 +102,11 @@ __all__ = [
     "cached_bytes",
     "cached_fact",
     "cached_json",
+    "charge_verl_yaml",
     "choose_verl",
     "chosen_verl",
     "cli_tokens",
+    "composition_budget",
     "count_of",
     "dataclass_field_names",
     "describe_need",
@@ -143,5 +148,6 @@ __all__ = [
     "verl_package_dir",
     "verl_prefix",
     "verl_release",
+    "verl_yaml_values",
     "version_tuple",
 ]

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from verl_safe_launch.files import read_input
 from verl_safe_launch.inputs.verl_paths import verl_cache, verl_package_dir
 
 CACHE_ENV = "VSL_CACHE_DIR"
@@ -41,7 +42,7 @@ def fingerprint() -> str:
     digest = hashlib.sha256(f"{FORMAT}:{read_version(package)}".encode())
     for path in sorted((package / "trainer" / "config").rglob("*.yaml")):
         digest.update(str(path.relative_to(package)).encode())
-        digest.update(path.read_bytes())
+        digest.update(read_input(path, what="verl config file", where=str(path)))
     for root, dirs, files in os.walk(package):
         dirs[:] = sorted(d for d in dirs if d not in ("__pycache__", "tests"))
         for name in sorted(f for f in files if f.endswith(".py")):

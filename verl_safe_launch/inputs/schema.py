@@ -16,6 +16,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from verl_safe_launch.errors import InputError
+from verl_safe_launch.files import read_input
 from verl_safe_launch.inputs.schema_shape import SCALARS, targets_of, type_text
 from verl_safe_launch.inputs.verl_paths import verl_cache, verl_package_dir
 
@@ -83,6 +85,10 @@ def is_shipped_verl(package: Path, data: Mapping[str, Any]) -> bool:
     return bool(source_digest(package, source.get("files", [])) == source["digest"])
 
 
+SOURCE_LIMIT = 16 * 1024 * 1024
+"""The largest verl source file read (verl's largest is under 200 KiB)."""
+
+
 def source_digest(package: Path, files: Sequence[str]) -> str:
     """A hash of the config YAML of ``package`` and of ``files`` (paths relative to the directory above it)."""
     import hashlib
@@ -93,9 +99,9 @@ def source_digest(package: Path, files: Sequence[str]) -> str:
     for path in paths:
         digest.update(path.relative_to(package.parent).as_posix().encode() + b"\0")
         try:
-            digest.update(path.read_bytes())
-        except OSError:
-            digest.update(b"(missing)")
+            digest.update(read_input(path, what="verl source file", limit=SOURCE_LIMIT))
+        except InputError:  # missing, not a regular file, or too large: never read, never waited on
+            digest.update(b"(unreadable)")
         digest.update(b"\0")
     return digest.hexdigest()
 

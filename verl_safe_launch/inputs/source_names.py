@@ -10,6 +10,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from verl_safe_launch.errors import InputError
+from verl_safe_launch.files import read_input
+
+SOURCE_LIMIT = 16 * 1024 * 1024
+"""The largest verl source file read (verl's largest is under 200 KiB)."""
+
 
 class Unknown(Exception):
     """A value or name the static reader cannot work out."""
@@ -66,8 +72,9 @@ class PackageNames:
                 for path, is_package in ((base / "__init__.py", True), (base.with_suffix(".py"), False)):
                     if path.is_file():
                         try:
-                            found = (ast.parse(path.read_bytes(), str(path)), is_package)
-                        except (SyntaxError, ValueError, OSError):
+                            data = read_input(path, what="verl source file", limit=SOURCE_LIMIT)
+                            found = (ast.parse(data, str(path)), is_package)
+                        except (SyntaxError, ValueError, InputError):
                             found = None
                         break
             self._trees[module] = found

@@ -12,6 +12,7 @@ import yaml
 from verl_safe_launch.config_view import nest
 from verl_safe_launch.errors import InputError
 from verl_safe_launch.files import read_text_input
+from verl_safe_launch.inputs.read_budget import MAX_VALUES, charge, read_before, values_left
 
 
 @dataclass(frozen=True)
@@ -83,14 +84,14 @@ def parse_yaml(text: str, name: str, *, expand_dots: bool) -> YamlDoc:
 
 
 MAX_YAML_DEPTH = 100
-MAX_YAML_NODES = 100_000
-"""The most values a YAML document may expand to, aliases counted at every use (verl's own config has ~1,500)."""
 
 
 def _check_size(root: yaml.Node, name: str) -> None:
-    """Refuse a document that expands to more than MAX_YAML_NODES values (an alias bomb) or refers to itself."""
+    """Refuse a document that expands to more values than the read budget has left (an alias bomb, or the
+    last of several files read by one composition) or refers to itself; charge the budget for it."""
     sizes: dict[int, int] = {}
     open_nodes: set[int] = set()
+    limit = values_left()
 
     def size(node: yaml.Node, depth: int) -> int:
         if depth > MAX_YAML_DEPTH:
@@ -118,17 +119,31 @@ def _check_size(root: yaml.Node, name: str) -> None:
         total = 1
         for child in children:
             total += size(child, depth + 1)
-            if total > MAX_YAML_NODES:
-                raise InputError(
-                    f"{name} expands to more than {MAX_YAML_NODES:,} values (the limit; aliases count at every use)",
-                    where=f"{name}:{node.start_mark.line + 1}",
-                    fix="write the config out without repeated '*alias' references",
-                )
+            if total > limit:
+                raise _over_budget(name, node.start_mark.line + 1, limit)
         open_nodes.discard(key)
         sizes[key] = total
         return total
 
-    size(root, 0)
+    charge(size(root, 0), name)
+
+
+def _over_budget(name: str, line: int, limit: int) -> InputError:
+    before = read_before()
+    if limit < MAX_VALUES and before:
+        read = f"{len(before)} file(s) read before it ({', '.join(before[:3])}{', ...' if len(before) > 3 else ''})"
+        return InputError(
+            f"{name} passes the {MAX_VALUES:,} YAML values one composition may read (aliases count at every "
+            f"use): {read} used {MAX_VALUES - limit:,} of them",
+            where=f"{name}:{line}",
+            fix="read fewer or smaller files (each -c file, the preset and verl's own config files count), "
+            "without repeated '*alias' references",
+        )
+    return InputError(
+        f"{name} expands to more than {MAX_VALUES:,} values (the limit; aliases count at every use)",
+        where=f"{name}:{line}",
+        fix="write the config out without repeated '*alias' references",
+    )
 
 
 def _header(text: str) -> str:
@@ -139,6 +154,12 @@ def _header(text: str) -> str:
         if stripped and not stripped.startswith("#"):
             break
     return ""
+
+
+def _shown(node: yaml.Node) -> str:
+    value = node.value if isinstance(node, yaml.ScalarNode) else "..."
+    text = repr(value if len(value) <= 40 else value[:37] + "...")
+    return text
 
 
 def _kind(node: yaml.Node) -> str:
@@ -156,12 +177,27 @@ class _Walker:
         self._walk(node, prefix)
         if self.expand_dots:
             return nest((leaf.key, leaf.value) for leaf in self.leaves)
-        return dict(self.loader.construct_object(node, deep=True))
+        return dict(self._construct(node))
+
+    def _construct(self, node: yaml.Node) -> Any:
+        """A node's value; a tag the value does not fit (``!!float "abc"``, ``!!int "0xZZ"``) is an InputError."""
+        try:
+            return self.loader.construct_object(node, deep=True)
+        except (ValueError, TypeError, OverflowError, ArithmeticError, AttributeError) as exc:
+            # the constructors of YAML's own tags raise these on a value that does not fit the tag
+            line = node.start_mark.line + 1
+            tag = node.tag.rpartition(":")[2]
+            detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise InputError(
+                f"{self.name}:{line}: !!{tag} {_shown(node)} is not a valid {tag} ({detail})",
+                where=f"{self.name}:{line}",
+                fix=f"remove the '!!{tag}' tag, or write a value of that type",
+            ) from None
 
     def _walk(self, node: yaml.MappingNode, prefix: str) -> None:
         seen: dict[str, int] = {}
         for key_node, value_node in node.value:
-            key = str(self.loader.construct_object(key_node, deep=True))
+            key = str(self._construct(key_node))
             line = key_node.start_mark.line + 1
             if key in seen:
                 raise InputError(
@@ -173,5 +209,5 @@ class _Walker:
             if isinstance(value_node, yaml.MappingNode) and value_node.value:
                 self._walk(value_node, f"{prefix}{key}.")
             else:
-                value = self.loader.construct_object(value_node, deep=True)
+                value = self._construct(value_node)
                 self.leaves.append(YamlLeaf(f"{prefix}{key}", value, line))

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from verl_safe_launch.config_view import ConfigView
-from verl_safe_launch.errors import LaunchError
+from verl_safe_launch.errors import InputError, LaunchError
 from verl_safe_launch.findings import Finding, Severity
 from verl_safe_launch.provenance import Layer, Source
 from verl_safe_launch.rules import CPUS_PER_GPU, cpu_need, gpu_need
@@ -58,19 +59,42 @@ def nodes_from_ray(entries: Sequence[Mapping[str, Any]]) -> list[NodeInfo]:
     """Nodes from ``ray.nodes()`` (a connected driver)."""
     out: list[NodeInfo] = []
     for entry in entries:
-        resources = dict(entry.get("Resources") or {})
+        node_id = str(entry.get("NodeID", ""))
+        host = str(entry.get("NodeManagerAddress") or entry.get("NodeName") or "?")
+        resources = _resources(entry.get("Resources"), host, node_id)
         out.append(
-            NodeInfo(
-                str(entry.get("NodeID", "")),
-                str(entry.get("NodeManagerAddress") or entry.get("NodeName") or "?"),
-                bool(entry.get("Alive")),
-                float(resources.get("GPU", 0)),
-                float(resources.get("CPU", 0)),
-                float(resources.get("memory", 0)) / 2**30,
-                _accelerator(resources),
-            )
+            NodeInfo(node_id, host, bool(entry.get("Alive")), *resources[:3], _accelerator(resources[3]))
         )
     return out
+
+
+def _resources(found: Any, host: str, node_id: str) -> tuple[float, float, float, Mapping[str, Any]]:
+    """GPUs, CPUs and memory (GiB) of one node's answer, and all its resources; a total that is not a finite
+    number of at least 0 is a malformed answer (InputError, exit 2), never a traceback."""
+    resources: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
+    if found is not None and not isinstance(found, Mapping):
+        raise _malformed(f"resources {found!r}", host, node_id)
+    amounts = []
+    for name in ("GPU", "CPU", "memory"):
+        value = resources.get(name, 0)
+        try:
+            amount = float(value) if not isinstance(value, bool) else math.nan
+        except (TypeError, ValueError, OverflowError):
+            amount = math.nan
+        if not (math.isfinite(amount) and amount >= 0):
+            raise _malformed(f'"{name}": {value!r}', host, node_id)
+        amounts.append(amount)
+    return amounts[0], amounts[1], amounts[2] / 2**30, resources
+
+
+def _malformed(what: str, host: str, node_id: str) -> InputError:
+    shown = what if len(what) <= 80 else what[:77] + "..."
+    return InputError(
+        f"the Ray cluster reported {shown} for node {host} ({node_id[:8]}): not a count of resources",
+        where="the cluster's list of nodes",
+        fix="check the address: it must be a Ray cluster's dashboard; on the cluster, 'ray status' shows what "
+        "its nodes hold",
+    )
 
 
 def nodes_from_state(entries: Sequence[Any]) -> list[NodeInfo]:
@@ -78,23 +102,16 @@ def nodes_from_state(entries: Sequence[Any]) -> list[NodeInfo]:
     out: list[NodeInfo] = []
     for entry in entries:
         data = entry if isinstance(entry, Mapping) else getattr(entry, "__dict__", {})
-        resources = dict(data.get("resources_total") or {})
-        out.append(
-            NodeInfo(
-                str(data.get("node_id", "")),
-                str(data.get("node_ip") or data.get("node_name") or "?"),
-                str(data.get("state", "")).upper() == "ALIVE",
-                float(resources.get("GPU", 0)),
-                float(resources.get("CPU", 0)),
-                float(resources.get("memory", 0)) / 2**30,
-                _accelerator(resources),
-            )
-        )
+        node_id = str(data.get("node_id", ""))
+        host = str(data.get("node_ip") or data.get("node_name") or "?")
+        resources = _resources(data.get("resources_total"), host, node_id)
+        alive = str(data.get("state", "")).upper() == "ALIVE"
+        out.append(NodeInfo(node_id, host, alive, *resources[:3], _accelerator(resources[3])))
     return out
 
 
 def _accelerator(resources: Mapping[str, Any]) -> str | None:
-    names = sorted(k.split(":", 1)[1] for k in resources if k.startswith("accelerator_type:"))
+    names = sorted(str(k).split(":", 1)[1] for k in resources if str(k).startswith("accelerator_type:"))
     return names[0] if names else None
 
 

@@ -10,7 +10,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from verl_safe_launch.errors import EXIT_PREFLIGHT, VslError
+from verl_safe_launch.errors import EXIT_PREFLIGHT, InputError, VslError
+from verl_safe_launch.files import read_input
 
 MODE_ENV = "RAY_AUTH_MODE"
 TOKEN_ENV = "RAY_AUTH_TOKEN"
@@ -61,9 +62,10 @@ def token_source(env: Mapping[str, str]) -> str | None:
 
 
 def _has_text(path: Path) -> bool:
+    """A token file with text in it: a regular file of at most 64 KiB (a FIFO is never waited on)."""
     try:
-        return bool(path.read_text().strip())
-    except OSError:
+        return bool(read_input(path, what="token file", limit=64 * 1024).strip())
+    except InputError:
         return False
 
 

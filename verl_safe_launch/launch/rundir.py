@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import os
 import shlex
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -16,12 +17,22 @@ from typing import Any
 from verl_safe_launch.compose import Composed
 from verl_safe_launch.config_view import ConfigView
 from verl_safe_launch.errors import UsageError
-from verl_safe_launch.files import ensure_directory, make_directory, write_atomic, write_files
+from verl_safe_launch.files import (
+    check_text_name,
+    ensure_directory,
+    make_directory,
+    write_atomic,
+    write_files,
+)
 from verl_safe_launch.findings import Finding
 from verl_safe_launch.launch.plan import LaunchBlocked
 from verl_safe_launch.render import json_document, json_text
+from verl_safe_launch.secret import redact
 
 DEFAULT_ROOT = Path("outputs")
+RUN_DIR_MODE = 0o700
+"""A run directory this makes is its owner's alone: it records the config, the command and the logs of a run,
+often on a shared file system."""
 CONFIG_FILE = "config.yaml"
 RUN_FILES = ("config.yaml", "overrides.txt", "provenance.json", "preflight.json", "command.sh")
 # Environment variables that decide where and how a launch runs; command.sh exports them when set.
@@ -44,7 +55,7 @@ def auto_run_dir(now: datetime, root: Path = DEFAULT_ROOT) -> Path:
 
     The directory is made with one ``mkdir`` (no exist_ok), so two launches never share it.
     """
-    return make_directory(root / now.strftime("%Y-%m-%d") / now.strftime("%H-%M-%S"))
+    return make_directory(root / now.strftime("%Y-%m-%d") / now.strftime("%H-%M-%S"), mode=RUN_DIR_MODE)
 
 
 def prepare_run_dir(path: Path, *, force: bool) -> Path:
@@ -59,7 +70,7 @@ def prepare_run_dir(path: Path, *, force: bool) -> Path:
             where="--run-dir",
             fix="choose a new --run-dir, or pass --force to write into it (same-named files are replaced)",
         )
-    ensure_directory(path)
+    ensure_directory(path, mode=RUN_DIR_MODE)
     return path
 
 
@@ -71,6 +82,7 @@ def run_dir_arg(text: str) -> Path:
             where="--run-dir",
             fix="name a directory (is a shell variable unset?)",
         )
+    check_text_name(text, where="--run-dir")
     return Path(text)
 
 
@@ -80,10 +92,11 @@ def is_non_empty(path: Path) -> bool:
 
 
 def render_config(cfg: Any) -> str:
-    """The resolved config as YAML: what config.yaml holds and what verl's task runner receives."""
+    """The resolved config as YAML: what config.yaml holds and what verl's task runner receives, each secret's
+    value as ``${oc.env:NAME}`` (the same text in the task runner, whose environment holds the same secrets)."""
     from omegaconf import OmegaConf
 
-    return str(OmegaConf.to_yaml(cfg, resolve=True, sort_keys=False))
+    return redact(str(OmegaConf.to_yaml(cfg, resolve=True, sort_keys=False)))
 
 
 def config_digest(text: str) -> str:
@@ -157,6 +170,21 @@ def choose_run_dir(run_dir: Path | None, force: bool, forced: list[str]) -> Path
     if is_non_empty(run_dir) and force:
         forced.append("non-empty run directory")
     return prepare_run_dir(run_dir, force=force)
+
+
+@contextlib.contextmanager
+def created_run_dir(run_dir: Path | None, force: bool, forced: list[str]) -> Iterator[Path]:
+    """``choose_run_dir`` for the block that writes it: a directory this made is removed again when the block
+    fails or is interrupted before anything is in it, so no empty run directory is left behind."""
+    existed = run_dir is not None and run_dir.is_dir()
+    path = choose_run_dir(run_dir, force, forced)
+    try:
+        yield path
+    except BaseException:
+        if not existed:
+            with contextlib.suppress(OSError):
+                path.rmdir()  # only an empty directory goes
+        raise
 
 
 def write_run_dir(

@@ -11,7 +11,8 @@ from verl_safe_launch.render.audit import (
     render_audit_text,
     render_summary,
 )
-from verl_safe_launch.render.escape import escape, escape_lines, render_error
+from verl_safe_launch.render.escape import escape, escape_hidden, escape_lines, render_error
+from verl_safe_launch.render.guard import GuardedStream, guarded_output, shown
 from verl_safe_launch.render.jsonout import JSON_SCHEMA_VERSION, json_document, json_text, strict_json
 from verl_safe_launch.render.junit import JunitWriter
 from verl_safe_launch.render.report import (
@@ -33,6 +34,7 @@ __all__ = [
     "SARIF_SCHEMA",
     "AuditText",
     "Column",
+    "GuardedStream",
     "JunitWriter",
     "SarifWriter",
     "Totals",
@@ -40,9 +42,11 @@ __all__ = [
     "audit_json",
     "counts",
     "escape",
+    "escape_hidden",
     "escape_lines",
     "example_command",
     "findings_json",
+    "guarded_output",
     "json_document",
     "json_text",
     "render_audit_text",
@@ -57,6 +61,7 @@ __all__ = [
     "render_table",
     "rule_hint",
     "rule_pages",
+    "shown",
     "strict_json",
     "summary_line",
     "use_rich",

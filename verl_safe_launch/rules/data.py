@@ -33,27 +33,45 @@ def _by_default(view: ConfigView, key: str) -> bool:
     return prov is not None and str(prov.source.layer) == "verl"
 
 
+SHOWN_PATHS = 3
+"""Paths of a list named in one message; the rest are counted (a list of 20,000 shards is one finding)."""
+
+
+def _kv(view: ConfigView, key: str) -> str:
+    """``key=value``, a long list of paths shortened to its first few."""
+    value = view.get(key)
+    if isinstance(value, list | tuple) and len(value) > SHOWN_PATHS:
+        head = ", ".join(str(v) for v in value[:SHOWN_PATHS])
+        return f"{key}=[{head}, ... ({len(value):,} paths)]"
+    return kv(view, key)
+
+
+def _listed(paths: list[str]) -> str:
+    shown = ", ".join(f"'{p}'" for p in paths[:SHOWN_PATHS])
+    return shown + (f" and {len(paths) - SHOWN_PATHS:,} more" if len(paths) > SHOWN_PATHS else "")
+
+
 @check("data-files-missing", "local data files exist")
 def files_missing(ctx: RuleContext) -> list[Draft]:
     """A local train/val file that is not there fails verl only when it loads the dataset, after the models."""
     out: list[Draft] = []
     for key in FILE_KEYS:
-        for path in _paths(ctx.view.get(key)):
-            if _remote(path) or Path(path).expanduser().exists():
-                continue
-            placeholder = _by_default(ctx.view, key)
-            what = "verl's placeholder path" if placeholder else "a local path"
-            here = ctx.hardware.on_this_machine
-            where = "" if here else " on this machine (cannot verify where the job runs)"
-            msg = (
-                f"{kv(ctx.view, key)}: '{path}' is {what} and does not exist{where}; "
-                "verl fails when it loads the dataset"
-            )
-            fix = f"{key}=/path/to/your/{'train' if 'train' in key else 'test'}.parquet"
-            # An error only where the GPUs were detected (the run happens here); elsewhere the file may exist where
-            # the job runs. verl's own placeholder is a warning: set it, but it is not a choice you made.
-            severity = None if here and not placeholder else Severity.WARNING
-            out.append(Draft((key,), msg, (), severity, fix))
+        missing = [
+            p for p in _paths(ctx.view.get(key)) if not _remote(p) and not Path(p).expanduser().exists()
+        ]
+        if not missing:
+            continue
+        placeholder = _by_default(ctx.view, key)
+        what = "verl's placeholder path" if placeholder else "a local path"
+        here = ctx.hardware.on_this_machine
+        where = "" if here else " on this machine (cannot verify where the job runs)"
+        are = f"is {what} and does not exist" if len(missing) == 1 else "are local paths that do not exist"
+        msg = f"{_kv(ctx.view, key)}: {_listed(missing)} {are}{where}; verl fails when it loads the dataset"
+        fix = f"{key}=/path/to/your/{'train' if 'train' in key else 'test'}.parquet"
+        # An error only where the GPUs were detected (the run happens here); elsewhere the file may exist where
+        # the job runs. verl's own placeholder is a warning: set it, but it is not a choice you made.
+        severity = None if here and not placeholder else Severity.WARNING
+        out.append(Draft((key,), msg, (), severity, fix))
     return out
 
 
@@ -117,7 +135,7 @@ def file_unreadable(ctx: RuleContext) -> list[Draft]:
             if reason is not None:
                 here = ctx.hardware.on_this_machine
                 where = "" if here else " (on this machine; the job may see another file)"
-                msg = f"{kv(ctx.view, key)}: verl cannot load '{path}'{where}: {reason}"
+                msg = f"{_kv(ctx.view, key)}: verl cannot load '{path}'{where}: {reason}"
                 fix = f"{key}=/path/to/your/{'train' if 'train' in key else 'test'}.parquet"
                 out.append(Draft((key,), msg, (), None if here else Severity.WARNING, fix))
     return out

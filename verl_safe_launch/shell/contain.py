@@ -29,6 +29,8 @@ OUTPUT_TAIL = 64 * 1024
 FILE_LIMIT = 64 * 1024 * 1024
 """No file the script writes may grow past this (RLIMIT_FSIZE); the recorders' file is one of them."""
 GRACE_S = 5.0
+REPORT_LIMIT = 4096
+"""Bytes of the first process's report read (it writes one short JSON object on its own stdout)."""
 _INIT = Path(__file__).with_name("trace_init.py")
 _NAMESPACES = ("--mount", "--pid", "--fork", "--mount-proc", "--net", "--ipc", "--uts", "--kill-child")
 _USER = ("--user", "--map-root-user")
@@ -46,22 +48,37 @@ class Containment:
 
     def describe(self, report: dict[str, object]) -> str:
         """One line saying what applied (``report`` is what the first process wrote)."""
+        sealed = _sealed(report.get("seal"))
         if not self.namespaces:
             return (
-                "contained: own session, process group and subreaper (all killed at the end), empty environment, "
-                "launcher non-dumpable, output and file sizes capped; no namespaces "
+                "contained: own session, process group and subreaper (all killed at the end), "
+                f"{sealed}, empty environment, launcher non-dumpable, output and file sizes capped; no namespaces "
                 f"(unshare is {'refused' if shutil.which('unshare') else 'missing'}): "
                 "the file system, the network and other processes are reachable"
             )
         user = "user, " if _USER[0] in self.prefix else ""
         refused = report.get("refused", 0)
         files = (
-            "read-only except its directory" if not refused else f"read-only but {refused} mounts (refused)"
+            "read-only except its directory (the recorders read-only too)"
+            if not refused
+            else f"read-only but {refused} mounts (refused)"
         )
         return (
             f"contained: new {user}PID, mount, network, IPC and UTS namespaces (all killed at the end), "
-            f"empty environment, output and file sizes capped, file system {files}, no network"
+            f"{sealed}, empty environment, output and file sizes capped, file system {files}, no network"
         )
+
+
+def _sealed(seal: object) -> str:
+    """What the seal applied, as the first process reported it."""
+    if not isinstance(seal, dict) or "error" in seal:
+        return "NOT sealed"
+    calls = (
+        "mount, namespace and ptrace calls refused (seccomp)"
+        if seal.get("seccomp")
+        else f"no seccomp filter on {seal.get('machine', 'this machine')}"
+    )
+    return f"no capabilities, no new privileges, {calls}"
 
 
 @dataclass(frozen=True)
@@ -136,13 +153,14 @@ def run_contained(
         cwd=cwd,
         env=env,
         stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         start_new_session=True,
         preexec_fn=_dies_with_launcher(signal.SIGKILL if box.namespaces else signal.SIGTERM),
     )
-    assert isinstance(proc.stderr, io.BufferedReader)
+    assert isinstance(proc.stderr, io.BufferedReader) and isinstance(proc.stdout, io.BufferedReader)
     tail = _Tail(proc.stderr, OUTPUT_TAIL)
+    said = _Tail(proc.stdout, REPORT_LIMIT)
     finished = False
     with _undumpable(), _terminated_as_exit():
         try:
@@ -155,7 +173,16 @@ def run_contained(
             code = proc.wait()
     if not finished:
         return None
-    return Finished(code, tail.text(), box.describe(_report(root)))
+    report = _report(said.text())
+    seal = report.get("seal")
+    if not isinstance(seal, dict) or "error" in seal:
+        why = seal.get("error") if isinstance(seal, dict) else "the first process did not report"
+        raise UsageError(
+            f"--trace: the script was not run, it could not be sealed ({why})",
+            where="--trace",
+            fix="audit the script without --trace",
+        )
+    return Finished(code, tail.text(), box.describe(report))
 
 
 @contextlib.contextmanager
@@ -219,10 +246,10 @@ def _signal_group(pgid: int, signum: int) -> None:
         os.killpg(pgid, signum)
 
 
-def _report(root: Path) -> dict[str, object]:
+def _report(text: str) -> dict[str, object]:
     try:
-        found = json.loads((root / ".vsl-contained").read_text()[:4096])
-    except (OSError, ValueError):
+        found = json.loads(text)
+    except ValueError:
         return {}
     return found if isinstance(found, dict) else {}
 
@@ -233,8 +260,11 @@ def remove_tree(root: Path) -> None:
     def unlock(fn: object, path: str, exc: object) -> None:
         with contextlib.suppress(OSError):
             os.chmod(os.path.dirname(path), 0o700)
+            if os.path.islink(path):  # never follow a link the script left: it may point at the user's files
+                os.unlink(path)
+                return
             os.chmod(path, 0o700)
-            if os.path.isdir(path) and not os.path.islink(path):
+            if os.path.isdir(path):
                 shutil.rmtree(path, ignore_errors=True)
             else:
                 os.unlink(path)

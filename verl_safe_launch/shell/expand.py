@@ -6,6 +6,7 @@ import ast
 import re
 from dataclasses import dataclass, replace
 
+from verl_safe_launch.secret import register
 from verl_safe_launch.shell.words import ArrayAssign, Part, PartKind, Word
 
 OPAQUE = "\ue000"
@@ -386,6 +387,8 @@ def apply_assignments(env: Env, items: list[Word | ArrayAssign], *, conditional:
             value: Value = ArrayValue(tuple(f for w in item.items for f in expander.word(w)))
         else:
             name, append, value = expander.assignment(item)
+            if isinstance(value, Scalar) and value.problem is None:
+                register(name, value.text)  # a secret the script holds is hidden wherever it would show
         why = f"${name}, which is assigned inside an if/case/loop block (line {item.line})"
         old = env.get(name)
         if conditional and append and isinstance(value, ArrayValue) and isinstance(old, ArrayValue | None):

@@ -8,13 +8,21 @@ _WORD = re.compile(r"[^\s;&|()<>'\"\\$`]+")
 _DELIMITER = re.compile(r"(?:'([^']*)'|\"([^\"]*)\"|\\?([^\s;&|()<>'\"]+))")
 _BOUNDARY = " \t\n;&|()<>"
 _STARTS_COMMAND = frozenset({"do", "then", "else", "elif", "{", "!", "in", "time"})
+MAX_NESTING = 32
+"""The deepest quotes and expansions may nest (``$(...$(...))``, ``${A:-${B:-...}}``): bash has no limit, Python's
+stack has."""
+
+
+class NestedTooDeep(Exception):
+    """Quotes and expansions nested past MAX_NESTING."""
 
 
 class _Scan:
     """One scan of a substitution body; ``end`` is the index of its closing ``)``, or -1."""
 
-    def __init__(self, text: str, start: int) -> None:
+    def __init__(self, text: str, start: int, nested: int) -> None:
         self.text, self.i = text, start
+        self.nested = nested
         self.depth = 1
         self.pending: list[tuple[str, bool]] = []
         self.case: list[str] = []  # per open ``case``: "word", "in", "pattern" or "body"
@@ -99,7 +107,7 @@ class _Scan:
             ch = self.text[self.i]
             if ch in "'\"\\$`":
                 plain = False
-                end = skip_quoted(self.text, self.i)
+                end = skip_quoted(self.text, self.i, nested=self.nested)
                 if end < 0:
                     return False
                 self.i = end
@@ -122,42 +130,47 @@ class _Scan:
         self.command_start = word in _STARTS_COMMAND
 
 
-def skip_quoted(text: str, i: int, in_double: bool = False) -> int:
-    """The index just past the quote, escape or expansion starting at ``text[i]``, or -1 if it never ends."""
+def skip_quoted(text: str, i: int, in_double: bool = False, *, nested: int = 0) -> int:
+    """The index just past the quote, escape or expansion starting at ``text[i]``, or -1 if it never ends.
+
+    ``nested`` counts the quotes and expansions around ``text[i]``; past MAX_NESTING, NestedTooDeep."""
     ch, nxt = text[i], text[i + 1 : i + 2]
     if ch == "\\":
         return min(i + 2, len(text))
     if ch == "'":
         end = text.find("'", i + 1)
         return -1 if end < 0 else end + 1
+    if nested >= MAX_NESTING:
+        raise NestedTooDeep
     if ch == '"':
-        return _double_quoted_end(text, i + 1)
+        return _double_quoted_end(text, i + 1, nested + 1)
     if ch == "`":
         return backquote_end(text, i + 1)
-    if ch == "$" and text.startswith("((", i + 1) and (end := arithmetic_end(text, i + 3)) > 0:
+    if ch == "$" and text.startswith("((", i + 1) and (end := arithmetic_end(text, i + 3, nested + 1)) > 0:
         return end
     if nxt == "(":
-        end = substitution_end(text, i + 2)
+        end = substitution_end(text, i + 2, nested + 1)
         return -1 if end < 0 else end + 1
     if nxt == "{":
-        return _brace_end(text, i + 2)
+        return _brace_end(text, i + 2, nested + 1)
     if nxt == "'" and not in_double:
         return _ansi_c_end(text, i + 2)
     return i + 1
 
 
-def substitution_end(text: str, start: int) -> int:
-    """The index of the ``)`` that closes a ``$(`` whose body starts at ``start``, or -1."""
-    return _Scan(text, start).run()
+def substitution_end(text: str, start: int, nested: int = 0) -> int:
+    """The index of the ``)`` that closes a ``$(`` whose body starts at ``start``, or -1; NestedTooDeep when
+    its body nests quotes and expansions past MAX_NESTING."""
+    return _Scan(text, start, nested).run()
 
 
-def _double_quoted_end(text: str, i: int) -> int:
+def _double_quoted_end(text: str, i: int, nested: int) -> int:
     while i < len(text):
         ch = text[i]
         if ch == '"':
             return i + 1
         if ch in "\\$`":
-            i = skip_quoted(text, i, in_double=True)
+            i = skip_quoted(text, i, in_double=True, nested=nested)
             if i < 0:
                 return -1
         else:
@@ -165,9 +178,9 @@ def _double_quoted_end(text: str, i: int) -> int:
     return -1
 
 
-def arithmetic_end(text: str, i: int) -> int:
+def arithmetic_end(text: str, i: int, nested: int = 0) -> int:
     """Just past the ``))`` closing ``$((`` (body from ``i``), or -1 when the parentheses close otherwise."""
-    j = _depth_reached(text, i, "()", depth=2, stop=1)
+    j = _depth_reached(text, i, "()", depth=2, stop=1, nested=nested)
     return j + 2 if j >= 0 and text[j + 1 : j + 2] == ")" else -1
 
 
@@ -182,17 +195,17 @@ def backquote_end(text: str, i: int) -> int:
     return -1
 
 
-def _brace_end(text: str, i: int) -> int:
-    j = _depth_reached(text, i, "{}", depth=1, stop=0)
+def _brace_end(text: str, i: int, nested: int) -> int:
+    j = _depth_reached(text, i, "{}", depth=1, stop=0, nested=nested)
     return j + 1 if j >= 0 else -1
 
 
-def _depth_reached(text: str, i: int, pair: str, *, depth: int, stop: int) -> int:
+def _depth_reached(text: str, i: int, pair: str, *, depth: int, stop: int, nested: int) -> int:
     """The index where nesting by ``pair`` (quotes and expansions skipped) falls from ``depth`` to ``stop``; -1: never."""
     while i < len(text):
         ch = text[i]
         if ch in "\"\\$`'":
-            i = skip_quoted(text, i)
+            i = skip_quoted(text, i, nested=nested)
             if i < 0:
                 return -1
             continue

@@ -2,21 +2,27 @@
 
 from __future__ import annotations
 
+import shlex
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from verl_safe_launch.errors import InputError
+from verl_safe_launch.files import read_input
 from verl_safe_launch.shell.contain import FILE_LIMIT, check_timeout, remove_tree, run_contained
+from verl_safe_launch.shell.trace_init import RECORDERS
 
 RECORDED = ("python", "python3", "torchrun", "uv", "ray", "srun")
 """Commands replaced by recorders: whatever the script runs through them is recorded, not run."""
 
 _END = "\x01"
-_RECORDER = """#!/bin/bash
-printf '%s\\0' "${0##*/}" "$@" >> "$VSL_TRACE_FILE"
-printf '\\001\\0' >> "$VSL_TRACE_FILE"
-"""
+
+
+def _recorder(record: Path) -> str:
+    """A recorder: appends its name and arguments to ``record``, whose path it holds itself (a script that
+    changes its environment cannot send the record elsewhere)."""
+    target = shlex.quote(str(record))
+    return f"#!/bin/bash\nprintf '%s\\0' \"${{0##*/}}\" \"$@\" >> {target}\nprintf '\\001\\0' >> {target}\n"
 
 
 @dataclass(frozen=True)
@@ -53,25 +59,27 @@ def trace_script(
 def _trace_in(
     root: Path, script: Path, path: Path, env: dict[str, str], timeout: float, args: tuple[str, ...]
 ) -> Trace:
-    bindir = root / ".vsl-bin"
+    bindir = root / RECORDERS
     bindir.mkdir()
-    for name in RECORDED:
-        recorder = bindir / name
-        recorder.write_text(_RECORDER)
-        recorder.chmod(0o755)
     record = root / ".vsl-calls"
     record.touch()
+    for name in RECORDED:
+        recorder = bindir / name
+        recorder.write_text(_recorder(record))
+        recorder.chmod(0o755)
     work = root / "work"
     work.mkdir()
-    run_env = {**env, "PATH": f"{bindir}:/usr/bin:/bin", "VSL_TRACE_FILE": str(record)}
+    run_env = {**env, "PATH": f"{bindir}:/usr/bin:/bin"}
     done = run_contained(["/bin/bash", str(script), *args], root, work, run_env, timeout)
     if done is None:
         raise InputError(
             f"{path} did not finish within {timeout:g} s under --trace",
             fix="raise --timeout, or audit it without --trace",
         )
-    with record.open("rb") as calls:
-        data = calls.read(FILE_LIMIT)
+    # the script could replace the record (a FIFO, a link to /dev/zero): read only a regular file, capped
+    data = read_input(
+        record, what="trace record", where=f"{path} under --trace", limit=FILE_LIMIT, follow=False
+    )
     return Trace(_calls(data.decode("utf-8", "replace")), done.returncode, done.stderr, done.containment)
 
 

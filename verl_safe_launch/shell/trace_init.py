@@ -5,7 +5,10 @@ this package is imported). It leads its own session and is the subreaper of the 
 PID namespace, where there is one): every background child, ``nohup``-ed, ``setsid``-ed or double-forked
 process ends up as its child or in its session, and all are killed when bash exits or when it gets SIGTERM.
 With READONLY=1 (in a fresh mount namespace) every mount is made read-only except ROOT, the trace's own
-directory. No file the script writes may grow past FSIZE bytes. What applied is written to ROOT/.vsl-contained.
+directory, and ROOT/.vsl-bin (the recorders) is a read-only mount of its own. No file the script writes may
+grow past FSIZE bytes. COMMAND runs through ``seal.py`` (no capability, no new privileges, no mount, namespace
+or ptrace call), and never runs when the seal fails. What applied is written as JSON to this process's stdout,
+which the script does not inherit (its stdout is /dev/null).
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from types import FrameType
 
 PR_SET_CHILD_SUBREAPER = 36
 ROUNDS = 100
+RECORDERS = ".vsl-bin"
+_SEAL = str(Path(__file__).with_name("seal.py"))
 
 
 def _stat(pid: int) -> tuple[int, int] | None:
@@ -75,8 +80,11 @@ def _reap() -> None:
 
 
 def _readonly(root: str) -> tuple[int, int]:
-    """Bind ROOT onto itself, then remount every other mount read-only: (remounted, refused)."""
-    subprocess.run(["mount", "--bind", root, root], check=True, capture_output=True)
+    """Bind ROOT and its recorders onto themselves, then remount every mount but ROOT read-only:
+    (remounted, refused)."""
+    recorders = os.path.join(root, RECORDERS)
+    for target in (root, recorders):
+        subprocess.run(["mount", "--bind", target, target], check=True, capture_output=True)
     done = failed = 0
     for line in Path("/proc/self/mounts").read_text().splitlines():
         target = line.split()[1].encode().decode("unicode_escape")
@@ -103,15 +111,35 @@ def main(argv: list[str]) -> int:
     subreaper = libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
     remounted = _readonly(root) if readonly else (0, 0)
     os.chdir(os.getcwd())  # through ROOT's new, writable mount
-    report = {"subreaper": subreaper, "pid": os.getpid(), "remounted": remounted[0], "refused": remounted[1]}
-    Path(root, ".vsl-contained").write_text(json.dumps(report))
+    report: dict[str, object] = {
+        "subreaper": subreaper,
+        "pid": os.getpid(),
+        "remounted": remounted[0],
+        "refused": remounted[1],
+    }
     resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, _stop)
-    child = subprocess.Popen(command)
+    child, report["seal"] = _sealed(command)
+    sys.stdout.write(json.dumps(report))
+    sys.stdout.close()
     code = child.wait()
     kill_all()
     return code if code >= 0 else 128 - code
+
+
+def _sealed(command: list[str]) -> tuple[subprocess.Popen[bytes], object]:
+    """Start COMMAND through the seal; the seal's report (``{"error": ...}`` when it refused to run it)."""
+    status, status_w = os.pipe()
+    seal = [sys.executable, "-I", "-S", _SEAL, str(status_w), "--", *command]
+    child = subprocess.Popen(seal, pass_fds=(status_w,), stdout=subprocess.DEVNULL)
+    os.close(status_w)
+    with os.fdopen(status, "rb") as stream:
+        data = stream.read(4096)
+    try:
+        return child, json.loads(data)
+    except ValueError:
+        return child, {"error": "the seal did not report"}
 
 
 if __name__ == "__main__":

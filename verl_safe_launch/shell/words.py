@@ -7,7 +7,13 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from verl_safe_launch.shell.ansi_c import ansi_c
-from verl_safe_launch.shell.subst import arithmetic_end, backquote_end, substitution_end
+from verl_safe_launch.shell.subst import (
+    MAX_NESTING,
+    NestedTooDeep,
+    arithmetic_end,
+    backquote_end,
+    substitution_end,
+)
 
 
 class PartKind(StrEnum):
@@ -84,10 +90,6 @@ _DQ_ESCAPABLE = '$`"\\'
 _SPECIAL_PARAMS = "#?$!-0123456789"
 
 
-MAX_NESTING = 32
-"""The deepest ``${A:-${B:-...}}`` a script may nest (bash has no limit; Python's stack has)."""
-
-
 class _Lexer:
     def __init__(self, text: str, nesting: int = 0) -> None:
         self.text = text
@@ -124,8 +126,13 @@ class _Lexer:
         self._reset_word()
 
     def run(self) -> list[Token]:
-        while self.i < len(self.text):
-            self._step()
+        try:
+            while self.i < len(self.text):
+                self._step()
+        except NestedTooDeep:
+            raise ShellSyntaxError(
+                f"quotes and expansions nested over {MAX_NESTING} deep (the limit)", self.line
+            ) from None
         self._end_word()
         return self.out
 

@@ -5,7 +5,7 @@ HERE=/data/configs
 COMMON="algorithm.adv_estimator=grpo actor_rollout_ref.model.path=Qwen/Qwen2.5-0.5B-Instruct actor_rollout_ref.rollout.name=vllm"
 
 python3 -m verl.trainer.main_ppo $COMMON \
-    data.train_batch_size=16 \
+    data.train_batch_size=16 actor_rollout_ref.rollout.n=4 \
     actor_rollout_ref.actor.ppo_mini_batch_size=16 \
     actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2 \
     actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2 \
@@ -13,7 +13,7 @@ python3 -m verl.trainer.main_ppo $COMMON \
     trainer.n_gpus_per_node=2
 
 python -m verl.trainer.main_ppo $COMMON \
-    data.train_batch_size=256 \
+    data.train_batch_size=256 actor_rollout_ref.rollout.n=4 \
     actor_rollout_ref.actor.ppo_mini_batch_size=64 \
     actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8 \
     actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16 \
