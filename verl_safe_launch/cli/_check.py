@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from verl_safe_launch.cli._common import add_compose_args, add_verbose_arg, make_parser, parse, print_json
+from verl_safe_launch.cli._common import (
+    add_compose_args,
+    add_verbose_arg,
+    make_parser,
+    parse,
+    print_json,
+    use_verl_of_project,
+)
 from verl_safe_launch.errors import EXIT_OK, EXIT_PREFLIGHT
 from verl_safe_launch.inputs import request_from_args
 from verl_safe_launch.preflight import header_lines, run_preflight
@@ -36,6 +43,7 @@ def main(args: Sequence[str], offset: int) -> int:
     )
     add_verbose_arg(parser)
     ns = parse(parser, args)
+    use_verl_of_project(ns)
     preflight = run_preflight(compose_for_launch(request_from_args(ns, args, offset), fit=ns.fit))
     if ns.format == "json":
         print_json(json_document({}, preflight.findings))

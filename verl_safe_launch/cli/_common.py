@@ -7,6 +7,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import Any, NoReturn
 
 from verl_safe_launch.compose import Composed, require_accepted
@@ -20,6 +21,7 @@ from verl_safe_launch.inputs import (
     request_from_args,
     split_tool_tokens,
 )
+from verl_safe_launch.preflight import use_project_verl
 from verl_safe_launch.presets import compose_for_launch, compose_with_preset
 from verl_safe_launch.provenance import Layer, Source
 from verl_safe_launch.render import json_text
@@ -122,6 +124,13 @@ def _option_token(args: Sequence[str], offset: int, flag: str, text: str) -> Ove
     value = text.split("=", 1)[1]
     raw = f"{flag} {value}" if index is not None else f"{flag} {value}, the default"
     return OverrideToken(text, Source(Layer.CLI, arg_index=position, raw=raw))
+
+
+def use_verl_of_project(ns: argparse.Namespace) -> None:
+    """Check against the verl the project uses: the project of the first ``-c`` file, else of the working
+    directory (a copy vendored there or above, its pin), unless ``--verl`` names one."""
+    files = getattr(ns, "config", None) or []
+    use_project_verl(Path(files[0]) if files else None)
 
 
 def print_json(data: Any) -> None:

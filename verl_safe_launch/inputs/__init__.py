@@ -40,16 +40,20 @@ from verl_safe_launch.inputs.verl_paths import (
     choose_verl,
     display_path,
     package_in,
+    user_verl,
     verl_cache,
     verl_config_dir,
     verl_origin,
     verl_package_dir,
+    verl_warning,
 )
+from verl_safe_launch.inputs.which_verl import OFFLINE_ENV, VerlChoice, fetch_command, project_verl
 from verl_safe_launch.inputs.yamlfile import YamlDoc, YamlLeaf, parse_yaml, read_yaml
 
 __all__ = [
     "DETECT_ENV",
     "GPU_KEYS",
+    "OFFLINE_ENV",
     "PRIMARY_CONFIG",
     "REGISTRIES",
     "TESTED",
@@ -62,6 +66,7 @@ __all__ = [
     "Registry",
     "ToolSettings",
     "TypeSpec",
+    "VerlChoice",
     "VerlRelease",
     "YamlDoc",
     "YamlLeaf",
@@ -76,6 +81,7 @@ __all__ = [
     "describe_need",
     "detect_hardware",
     "display_path",
+    "fetch_command",
     "from_config_dict",
     "hardware_fills",
     "hardware_findings",
@@ -88,12 +94,14 @@ __all__ = [
     "package_in",
     "parse_override",
     "parse_yaml",
+    "project_verl",
     "read_registries",
     "read_yaml",
     "registered_names",
     "request_from_args",
     "slurm_mem_gib",
     "split_tool_tokens",
+    "user_verl",
     "verl_cache",
     "verl_config_dir",
     "verl_files",
@@ -101,5 +109,6 @@ __all__ = [
     "verl_package_dir",
     "verl_prefix",
     "verl_release",
+    "verl_warning",
     "version_tuple",
 ]

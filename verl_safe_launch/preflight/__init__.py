@@ -10,8 +10,7 @@ from verl_safe_launch.preflight.release import (
     header_lines,
     safe_header_json,
     unjudged,
-    use_vendored_verl,
-    vendored_verl,
+    use_project_verl,
 )
 from verl_safe_launch.preflight.scripts import Auditor, JobLint, LaunchAudit, ScriptAudit, TraceOptions
 
@@ -30,8 +29,7 @@ __all__ = [
     "run_preflight",
     "safe_header_json",
     "unjudged",
-    "use_vendored_verl",
-    "vendored_verl",
+    "use_project_verl",
     "verify_advice",
     "verl_validation",
 ]

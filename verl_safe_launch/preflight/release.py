@@ -11,10 +11,12 @@ from verl_safe_launch.errors import VslError
 from verl_safe_launch.findings import Rule
 from verl_safe_launch.inputs import (
     TESTED,
+    VerlChoice,
     VerlRelease,
     choose_verl,
     describe_need,
-    package_in,
+    project_verl,
+    user_verl,
     verl_release,
     version_tuple,
 )
@@ -54,6 +56,8 @@ def header_lines(release: VerlRelease | None = None) -> list[str]:
     """``verl 0.8.0 at PATH (origin)``, then one line per need the release lacks, then the untested notice."""
     release = release or verl_release()
     lines = [release.label]
+    if release.warning:
+        lines.append(f"warning: {release.warning}")
     for need, ids in unjudged(release).items():
         lines.append(f"not judged for {release.name} ({describe_need(need)}): {', '.join(sorted(ids))}")
     notice = release_notice(release)
@@ -74,47 +78,12 @@ def safe_header_json() -> dict[str, object] | None:
         return None
 
 
-def vendored_verl(script: Path, exports: Sequence[tuple[str, str]] = ()) -> tuple[Path, str] | None:
-    """A ``verl`` package the script's launch imports instead of the installed one.
+def use_project_verl(where: Path | None = None, exports: Sequence[tuple[str, str]] = ()) -> VerlChoice:
+    """Make the verl the project of ``where`` uses (a script, or a directory) the one every later check reads.
 
-    On a ``PYTHONPATH`` the script exports (relative entries read from the script's directory), in the
-    directory a literal ``cd DIR`` line moves to, or beside the script.
+    ``--verl`` and ``VSL_VERL`` win over the project's own copy; see ``project_verl`` for the order.
     """
-    base = script.resolve().parent
-    moved = _cd_target(script)
-    if moved is not None and package_in(base / moved) is not None:
-        return base / moved, f"vendored in {moved}, where {script.name} cd's"
-    for name, value in exports:
-        if name != "PYTHONPATH":
-            continue
-        for entry in value.split(":"):
-            if entry and package_in(base / entry) is not None:
-                return base / entry, f"PYTHONPATH set by {script.name}"
-    if package_in(base) is not None and base.name != "verl":
-        return base, f"vendored beside {script.name}"
-    return None
-
-
-def _cd_target(script: Path) -> str | None:
-    """The directory of the last top-level ``cd DIR`` line with a literal argument (None: none, or not literal)."""
-    import shlex
-
-    target = None
-    try:
-        lines = script.read_text(encoding="utf-8", errors="replace").splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        try:
-            words = shlex.split(line, comments=True)
-        except ValueError:
-            continue
-        if len(words) == 2 and words[0] == "cd" and "$" not in words[1] and "`" not in words[1]:
-            target = words[1]
-    return target
-
-
-def use_vendored_verl(script: Path, exports: Sequence[tuple[str, str]] = ()) -> None:
-    """Choose the verl a script's launch imports (a vendored copy when there is one, else the usual one)."""
-    found = vendored_verl(script, exports)
-    choose_verl(found[0] if found else None, found[1] if found else "", scope="script")
+    choice = project_verl(where, exports)
+    if user_verl() is None:
+        choose_verl(choice.path, choice.how, scope="project", warning=choice.warning)
+    return choice

@@ -23,7 +23,7 @@ from verl_safe_launch.inputs import (
     verl_package_dir,
 )
 from verl_safe_launch.preflight.pipeline import run_preflight
-from verl_safe_launch.preflight.release import header_lines, use_vendored_verl
+from verl_safe_launch.preflight.release import header_lines, use_project_verl
 from verl_safe_launch.provenance import Layer, Source
 from verl_safe_launch.shell import (
     JobScript,
@@ -115,7 +115,7 @@ class Auditor:
         """Read the verl this script's launches import (a vendored copy, when it has one); the header for it."""
         before = verl_package_dir()
         exports = [(e.name, e.value) for e in launches[0].exports] if launches else []
-        use_vendored_verl(path, exports)
+        use_project_verl(path, exports)
         if verl_package_dir() != before:
             self.overlay = Overlay()
         return tuple(header_lines())
