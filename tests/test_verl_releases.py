@@ -311,7 +311,7 @@ def test_old_fork_gets_a_one_line_notice(tmp_path: Path) -> None:
         lines = header_lines()
     finally:
         choose_verl(None)
-    assert lines[0] == f"verl 0.3.1 at {package.resolve()} (--verl)"
+    assert lines[0] == f"verl 0.3.1 at {package.resolve()} (--verl), not a tested release"
     assert lines[-1].startswith("verl 0.3.1 is older than the oldest release tested (0.5.0): checked: ")
     assert any(
         line.startswith("not judged for verl 0.3.1 (its config has no trainer.v1): ") for line in lines

@@ -247,7 +247,8 @@ BUILT_BY_VALIDATE = ("actor_rollout_ref.actor", "critic")
 def _not_a_field(key: str, leaf: str, target: str, write: Write) -> Finding:
     owner = target.rpartition(".")[2]
     early = any(key.startswith(section + ".") for section in BUILT_BY_VALIDATE)
-    when = "verl's validate_config fails" if early else "verl fails if a worker builds this config"
+    name = verl_release().name
+    when = f"{name}'s validate_config fails" if early else f"{name} fails if a worker builds this config"
     message = (
         f"{key}: {owner} has no field '{leaf}', so {when}: "
         f"{owner}.__init__() got an unexpected keyword argument '{leaf}'"

@@ -374,7 +374,7 @@ def engine_mismatches(ctx: AuditContext) -> list[Finding]:
         )
         message = (
             f"{key}={value} needs model_engine={needed}, but this run composes model_engine={engine}, whose "
-            f"config has no {value} settings; verl 0.9.1 fails {failure}"
+            f"config has no {value} settings; {verl_release().name} fails {failure}"
         )
         fix = f"model_engine={needed} (it sets {key} itself; drop {key}={value})"
         findings.append(

@@ -34,6 +34,7 @@ from verl_safe_launch.inputs.profile import Fact, HardwareProfile, merge_profile
 from verl_safe_launch.inputs.registries import REGISTRIES, Registry, read_registries, registered_names
 from verl_safe_launch.inputs.release import TESTED, VerlRelease, describe_need, verl_release, version_tuple
 from verl_safe_launch.inputs.request import ComposeRequest, request_from_args
+from verl_safe_launch.inputs.verl_checks import PROBES, Site, verl_check, verl_checks
 from verl_safe_launch.inputs.verl_paths import (
     PRIMARY_CONFIG,
     VERL_ENV,
@@ -55,6 +56,7 @@ __all__ = [
     "GPU_KEYS",
     "OFFLINE_ENV",
     "PRIMARY_CONFIG",
+    "PROBES",
     "REGISTRIES",
     "TESTED",
     "VERL_ENV",
@@ -64,6 +66,7 @@ __all__ = [
     "KeyFacts",
     "OverrideToken",
     "Registry",
+    "Site",
     "ToolSettings",
     "TypeSpec",
     "VerlChoice",
@@ -103,6 +106,8 @@ __all__ = [
     "split_tool_tokens",
     "user_verl",
     "verl_cache",
+    "verl_check",
+    "verl_checks",
     "verl_config_dir",
     "verl_files",
     "verl_origin",

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from verl_safe_launch.inputs.knowledge import cached_fact, read_version
+from verl_safe_launch.inputs.verl_checks import PROBES, verl_check
 from verl_safe_launch.inputs.verl_paths import verl_cache, verl_origin, verl_warning
 from verl_safe_launch.inputs.yamlfile import read_yaml
 
@@ -63,8 +64,12 @@ class VerlRelease:
         return self.version in TESTED
 
     def has(self, need: str) -> bool:
-        """Whether this verl has what a rule needs (see ``describe_need`` for the forms)."""
+        """Whether this verl has what a rule needs (see ``describe_need`` for the forms; ``!`` negates one)."""
+        if need.startswith("!"):
+            return not self.has(need[1:])
         kind, _, what = need.partition(":")
+        if kind == "code":
+            return verl_check(what) is not None
         if kind == "config":
             return what in self.config_keys or any(k.startswith(what + ".") for k in self.config_keys)
         if kind == "module":
@@ -86,8 +91,10 @@ class VerlRelease:
 
 
 def describe_need(need: str) -> str:
-    """What a need says, for the header: ``no trainer.v1 in its config``, ``before 0.7.1``."""
-    kind, _, what = need.partition(":")
+    """What a missing need says, for the header: ``its config has no trainer.v1``, ``it is older than 0.7.1``."""
+    kind, _, what = need.lstrip("!").partition(":")
+    if kind == "code":
+        return f"{'' if need.startswith('!') else 'no '}{PROBES[what].what} in its code"
     if kind == "config":
         return f"its config has no {what}"
     if kind == "module":

@@ -58,8 +58,16 @@ def header_lines(release: VerlRelease | None = None) -> list[str]:
     lines = [release.label]
     if release.warning:
         lines.append(f"warning: {release.warning}")
+    in_code: list[str] = []
     for need, ids in unjudged(release).items():
-        lines.append(f"not judged for {release.name} ({describe_need(need)}): {', '.join(sorted(ids))}")
+        if need.lstrip("!").startswith("code:"):
+            in_code += ids  # one line for them all; JSON names each check
+        else:
+            lines.append(f"not judged for {release.name} ({describe_need(need)}): {', '.join(sorted(ids))}")
+    if in_code:
+        lines.append(
+            f"not judged for {release.name} (its code does not make the check): {', '.join(sorted(in_code))}"
+        )
     notice = release_notice(release)
     return [*lines, notice] if notice else lines
 

@@ -10,6 +10,7 @@ from verl_safe_launch.config_view import ConfigView
 from verl_safe_launch.context import RuleContext
 from verl_safe_launch.files import kind_of
 from verl_safe_launch.findings import Rule, Severity
+from verl_safe_launch.inputs import verl_release
 from verl_safe_launch.rules.kit import Draft, check, kv
 
 FILE_KEYS = ("data.train_files", "data.val_files")
@@ -47,7 +48,7 @@ def files_missing(ctx: RuleContext) -> list[Draft]:
             where = "" if here else " on this machine (cannot verify where the job runs)"
             msg = (
                 f"{kv(ctx.view, key)}: '{path}' is {what} and does not exist{where}; "
-                "verl fails when it loads the dataset"
+                f"{verl_release().name} fails when it loads the dataset"
             )
             fix = f"{key}=/path/to/your/{'train' if 'train' in key else 'test'}.parquet"
             # An error only where the GPUs were detected (the run happens here); elsewhere the file may exist where
@@ -141,7 +142,7 @@ def prompt_key_missing(ctx: RuleContext) -> list[Draft]:
                 continue
             msg = (
                 f"{kv(ctx.view, PROMPT_KEY)} is not a column of {key} '{path}' (columns: {', '.join(columns)}); "
-                "verl fails when it reads the first batch"
+                f"{verl_release().name} fails when it reads the first batch"
             )
             fixes = tuple(f"{PROMPT_KEY}={c}" for c in columns if "prompt" in c.lower()) or (
                 f"set {PROMPT_KEY} to one of the columns",

@@ -43,7 +43,7 @@ def unregistered(view: ConfigView, registry: Registry, names: frozenset[str]) ->
         release = verl_release().name
         msg = (
             f"{key}={format_value(value)} is not a registered {registry.name} in {release} "
-            f"(it has {', '.join(sorted(names))}); verl looks it up only once the run has started"
+            f"(it has {', '.join(sorted(names))}); it looks it up only once the run has started"
         )
         close = difflib.get_close_matches(value, sorted(names), n=3, cutoff=0.6)
         fix = None if close else f"{key}={min(names)} (or another registered {registry.name})"
