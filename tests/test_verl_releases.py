@@ -267,8 +267,8 @@ def test_cached_defaults_equal_a_fresh_composition() -> None:
     first = compose(ComposeRequest(overrides=cli_tokens(LINES)))
     engine._BASES.clear()
     again = compose(ComposeRequest(overrides=cli_tokens(LINES)))
-    fresh_cfg, fresh_writes = engine._compose_fresh([])
-    base = engine._BASES[(str(engine.verl_config_dir()),)]
+    fresh_cfg, fresh_writes = engine._compose_fresh([], "ppo_trainer")
+    base = engine._BASES[(str(engine.verl_config_dir()), "ppo_trainer")]
     assert OmegaConf.to_container(again.cfg) == OmegaConf.to_container(first.cfg)
     assert again.view == first.view
     assert OmegaConf.to_container(fresh_cfg) == OmegaConf.to_container(base.cfg)

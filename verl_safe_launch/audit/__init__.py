@@ -27,6 +27,7 @@ from verl_safe_launch.audit.migrate import (
     plan_migration,
     render_yaml,
 )
+from verl_safe_launch.audit.overrides import refused_whatever_the_value
 from verl_safe_launch.audit.parallel import ACTOR_SP, CRITIC_SP, GPUS_KEYS, REF_SP, Layout, read_layout
 from verl_safe_launch.audit.project import (
     GROUP_ESTIMATORS,
@@ -113,6 +114,7 @@ __all__ = [
     "project_keys",
     "qualify",
     "read_layout",
+    "refused_whatever_the_value",
     "render_yaml",
     "script_findings",
     "token_key",

@@ -5,12 +5,13 @@ from __future__ import annotations
 import difflib
 import itertools
 import shlex
+from dataclasses import replace
 
 from verl_safe_launch.audit.aliases import covered
 from verl_safe_launch.audit.history import last_release_with
 from verl_safe_launch.audit.table import SCHEMA, AuditContext, audit_rule, finding, position, short
 from verl_safe_launch.audit.upgrade import current_key, moves_after
-from verl_safe_launch.compose import Rejected, config_groups
+from verl_safe_launch.compose import Composed, Rejected, config_groups
 from verl_safe_launch.config_view import format_value
 from verl_safe_launch.findings import Finding, Rule, Severity
 from verl_safe_launch.inputs import OverrideToken, dataclass_field_names, names_read_with_get, verl_release
@@ -136,6 +137,27 @@ def passthrough_overrides(ctx: AuditContext) -> list[Finding]:
 @audit_rule("unknown-key", "an override of a key verl's config does not have (Hydra refuses it)")
 def unknown_keys(ctx: AuditContext) -> list[Finding]:
     return [_rejected(ctx, r) for r in ctx.composed.rejected]
+
+
+def refused_whatever_the_value(
+    composed: Composed, written: dict[tuple[int | None, str], str]
+) -> list[Finding]:
+    """Overrides whose value was not read (``key=$X``) but whose key Hydra refuses anyway.
+
+    ``composed`` holds each of them as ``key=null`` (its source's line and raw text: ``written``, the key
+    mapped to the override as written); the refusal does not depend on the value.
+    """
+    ctx = AuditContext.build(composed)
+    out: list[Finding] = []
+    for rejected in composed.rejected:
+        source = rejected.token.source
+        shown = written.get((source.line, source.raw or ""))
+        if shown is None:
+            continue
+        token = replace(rejected.token, text=shown)
+        found = _rejected(ctx, replace(rejected, token=token))
+        out.append(replace(found, message=f"{found.message}, whatever the value"))
+    return out
 
 
 def _rejected(ctx: AuditContext, rejected: Rejected) -> Finding:

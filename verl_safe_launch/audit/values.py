@@ -342,7 +342,7 @@ def missing_required(ctx: AuditContext) -> list[Finding]:
         if not is_missing(value):
             continue
         gate = REQUIRED_WHEN.get(key)
-        if gate is not None and not ctx.view.get(gate):
+        if (gate is not None and not ctx.view.get(gate)) or _switched_off(ctx, key):
             continue
         message = (
             f"{key} has no value: {verl_release().name} leaves it mandatory ('???') and fails when it is read"
@@ -352,6 +352,12 @@ def missing_required(ctx: AuditContext) -> list[Finding]:
         writes = [Write(key, value, prov.source)] if prov else []
         findings.append(finding("missing-required", Severity.ERROR, (key,), message, fix, writes))
     return findings
+
+
+def _switched_off(ctx: AuditContext, key: str) -> bool:
+    """True when a section above ``key`` has ``enable: false``: verl reads nothing below it."""
+    parts = key.split(".")
+    return any(ctx.view.get(".".join([*parts[:cut], "enable"])) is False for cut in range(1, len(parts)))
 
 
 @audit_rule("engine-mismatch", "a strategy that needs another model_engine than the one composed")

@@ -6,11 +6,13 @@ from collections.abc import Sequence
 
 from verl_safe_launch.cli._common import (
     add_compose_args,
+    add_config_name_args,
     add_verbose_arg,
     make_parser,
     parse,
     print_json,
     use_verl_of_project,
+    with_config_name,
 )
 from verl_safe_launch.errors import EXIT_OK, EXIT_PREFLIGHT
 from verl_safe_launch.inputs import request_from_args
@@ -36,6 +38,7 @@ def main(args: Sequence[str], offset: int) -> int:
         EXAMPLES,
     )
     add_compose_args(parser)
+    add_config_name_args(parser)
     parser.add_argument(
         "--fit",
         action="store_true",
@@ -44,7 +47,9 @@ def main(args: Sequence[str], offset: int) -> int:
     add_verbose_arg(parser)
     ns = parse(parser, args)
     use_verl_of_project(ns)
-    preflight = run_preflight(compose_for_launch(request_from_args(ns, args, offset), fit=ns.fit))
+    preflight = run_preflight(
+        compose_for_launch(with_config_name(ns, request_from_args(ns, args, offset)), fit=ns.fit)
+    )
     if ns.format == "json":
         print_json(json_document({}, preflight.findings))
     else:

@@ -14,6 +14,7 @@ from verl_safe_launch.compose import Composed, require_accepted
 from verl_safe_launch.errors import UsageError
 from verl_safe_launch.inputs import (
     DETECT_ENV,
+    ComposeRequest,
     HardwareProfile,
     OverrideToken,
     detect_hardware,
@@ -25,6 +26,7 @@ from verl_safe_launch.preflight import use_project_verl
 from verl_safe_launch.presets import compose_for_launch, compose_with_preset
 from verl_safe_launch.provenance import Layer, Source
 from verl_safe_launch.render import json_text
+from verl_safe_launch.shell import choose_config
 
 
 class Parser(argparse.ArgumentParser):
@@ -65,6 +67,36 @@ def add_compose_args(parser: argparse.ArgumentParser, *, overrides: bool = True)
         )
 
 
+def add_config_name_args(parser: argparse.ArgumentParser) -> None:
+    """``--config-name`` and ``--config-path``, read as a launch's are (verl's own config by name by default)."""
+    parser.add_argument(
+        "--config-name",
+        metavar="NAME",
+        help="compose this config as the launch's --config-name does: one of verl's own (ppo_megatron_trainer in "
+        "0.5 to 0.7), or NAME.yaml in --config-path laid over the verl config its defaults name",
+    )
+    parser.add_argument(
+        "--config-path",
+        metavar="DIR",
+        help="the directory of --config-name (default: verl's own config directory)",
+    )
+
+
+def with_config_name(ns: argparse.Namespace, request: ComposeRequest) -> ComposeRequest:
+    """The request with the config ``--config-name``/``--config-path`` choose; one that cannot be read is refused."""
+    name, path = getattr(ns, "config_name", None), getattr(ns, "config_path", None)
+    if name is None and path is None:
+        return request
+    if path is not None and Path(path).expanduser().is_dir():
+        path = str(Path(path).expanduser().resolve())
+    choice = choose_config(name, path, None)
+    for kind, detail, unread in choice.notes:
+        if unread or kind == "config-missing":
+            raise UsageError(detail, where="--config-name/--config-path", fix="name a config that exists")
+    files = (*choice.files, *request.config_files)
+    return replace(request, config_name=choice.config_name, config_files=files, named_configs=choice.files)
+
+
 def add_verbose_arg(parser: argparse.ArgumentParser) -> None:
     """``--verbose``: list every info note instead of one summary line of them."""
     parser.add_argument(
@@ -89,7 +121,7 @@ def compose_from_args(ns: argparse.Namespace, args: Sequence[str], offset: int) 
     verb has it, lets its micro batches grow past the preset's values). Every override Hydra refuses is
     reported at once.
     """
-    request = request_from_args(ns, args, offset)
+    request = with_config_name(ns, request_from_args(ns, args, offset))
     return require_accepted(compose_for_launch(request, fit=bool(getattr(ns, "fit", False))))
 
 
@@ -105,7 +137,7 @@ def compose_for_allocation(
                 where="command line",
                 fix="drop it and pass --nodes / --gpus-per-node",
             )
-    base = request_from_args(ns, args, offset)
+    base = with_config_name(ns, request_from_args(ns, args, offset))
     tokens = base.overrides + tuple(
         _option_token(args, offset, flag, f"hardware.{name}={value}")
         for flag, name, value in (

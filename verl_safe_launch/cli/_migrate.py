@@ -29,6 +29,7 @@ from verl_safe_launch.findings import has_errors
 from verl_safe_launch.inputs import (
     DETECT_ENV,
     GPU_KEYS,
+    PRIMARY_CONFIG,
     ComposeRequest,
     cli_tokens,
     detect_hardware,
@@ -151,9 +152,15 @@ def _as_job(migration: Migration, job: JobScript, view: ConfigView, output: Path
 
 def preflight_note(migration: Migration, output: Path) -> str:
     """The pre-flight of what was written (the YAML plus the printed command), as one line."""
-    verl_tokens, tool = split_tool_tokens(cli_tokens([*migration.cli_tokens, *migration.check_tokens]))
+    flag = "--config-name="
+    names = [t.removeprefix(flag) for t in migration.cli_tokens if t.startswith(flag)]
+    texts = [t for t in [*migration.cli_tokens, *migration.check_tokens] if not t.startswith(flag)]
+    verl_tokens, tool = split_tool_tokens(cli_tokens(texts))
     request = ComposeRequest(
-        overrides=(*verl_tokens,), config_files=(*migration.config_files, output), lenient=True
+        overrides=(*verl_tokens,),
+        config_files=(*migration.config_files, output),
+        lenient=True,
+        config_name=names[0] if names else PRIMARY_CONFIG,
     )
     pre = run_preflight(compose(request), detect_hardware(tool, env={DETECT_ENV: "0"}))
     line = f"pre-flight of the migrated config: {summary_line(pre.findings)}"

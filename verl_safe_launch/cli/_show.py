@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 from verl_safe_launch.cli._common import (
     add_compose_args,
+    add_config_name_args,
     compose_from_args,
     make_parser,
     parse,
@@ -34,6 +35,7 @@ def main(args: Sequence[str], offset: int) -> int:
     parser.add_argument("--origin", action="store_true", help="show where each value came from")
     parser.add_argument("--key", help="one key or subtree (dotted), with its full chain of values")
     add_compose_args(parser)
+    add_config_name_args(parser)
     ns = parse(parser, args)
     use_verl_of_project(ns)
     composed = compose_from_args(ns, args, offset)

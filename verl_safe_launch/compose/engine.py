@@ -18,6 +18,7 @@ from verl_safe_launch.compose.interpolation import Resolver, Unsupported, absolu
 from verl_safe_launch.config_view import ConfigView, flatten, format_value
 from verl_safe_launch.errors import ConfigError, InputError, UsageError, VslError, collect
 from verl_safe_launch.inputs import (
+    PRIMARY_CONFIG,
     ComposeRequest,
     OverrideToken,
     ToolSettings,
@@ -85,7 +86,7 @@ def compose(request: ComposeRequest) -> Composed:
         )
     verl_tokens, tool = split_tool_tokens(request.overrides)
     parsed = [(parse_override(t), t) for t in verl_tokens]
-    base, config_overrides = _verl_base(parsed, verl_tokens)
+    base, config_overrides = _verl_base(parsed, verl_tokens, request.config_name)
     cfg = base.private_cfg()
     writes = list(base.writes)
     preset_name = request.preset or (tool.preset[0] if tool.preset else None)
@@ -128,18 +129,21 @@ _BASES: dict[tuple[str, ...], _Base] = {}
 
 
 def _verl_base(
-    parsed: list[tuple[Any, OverrideToken]], tokens: Sequence[OverrideToken]
+    parsed: list[tuple[Any, OverrideToken]],
+    tokens: Sequence[OverrideToken],
+    config_name: str = PRIMARY_CONFIG,
 ) -> tuple[_Base, list[tuple[Any, OverrideToken]]]:
-    """verl's defaults under the group choices among ``parsed`` (cached), and the overrides left to apply."""
+    """verl's defaults under ``config_name`` and the group choices among ``parsed`` (cached), and the overrides
+    left to apply."""
     from hydra.errors import HydraException
 
     try:
         config_ids = {id(o) for o in _hydra.config_overrides([o for o, _ in parsed])}
         groups = [o for o, _ in parsed if id(o) not in config_ids]
         _refuse_group_values([(o, t) for o, t in parsed if id(o) not in config_ids])
-        key = (str(verl_config_dir()), *(o.input_line for o in groups))
+        key = (str(verl_config_dir()), config_name, *(o.input_line for o in groups))
         if key not in _BASES:
-            _BASES[key] = _compose_verl(groups)
+            _BASES[key] = _compose_verl(groups, config_name)
     except (HydraException, ValueError) as exc:
         raise ConfigError(
             f"cannot compose verl's config: {str(exc).splitlines()[0]}",
@@ -174,19 +178,20 @@ def _token_mentioned(message: str, tokens: Sequence[OverrideToken]) -> str | Non
     return None
 
 
-def _compose_verl(group_overrides: list[Any]) -> _Base:
+def _compose_verl(group_overrides: list[Any], config_name: str = PRIMARY_CONFIG) -> _Base:
     """verl's defaults under the group choices: from the on-disk cache of the verl in use, else composed."""
 
     def fresh() -> bytes:
-        return cached_defaults.to_bytes(*_compose_fresh(group_overrides))
+        return cached_defaults.to_bytes(*_compose_fresh(group_overrides, config_name))
 
-    name = cached_defaults.defaults_name([o.input_line for o in group_overrides])
+    named = [] if config_name == PRIMARY_CONFIG else [f"--config-name={config_name}"]
+    name = cached_defaults.defaults_name([*named, *(o.input_line for o in group_overrides)])
     cfg, writes = cached_defaults.from_bytes(cached_bytes(name, fresh))
     return _Base.of(cfg, writes)
 
 
-def _compose_fresh(group_overrides: list[Any]) -> tuple[Any, tuple[Write, ...]]:
-    cfg, entries = _hydra.compose_defaults(group_overrides)
+def _compose_fresh(group_overrides: list[Any], config_name: str) -> tuple[Any, tuple[Write, ...]]:
+    cfg, entries = _hydra.compose_defaults(group_overrides, config_name)
     writes: list[Write] = []
     for entry in entries:
         path = verl_config_dir() / f"{entry.config_path}.yaml"

@@ -30,6 +30,7 @@ from verl_safe_launch.inputs.overrides import (
     parse_override,
     split_tool_tokens,
 )
+from verl_safe_launch.inputs.pins import project_dirs
 from verl_safe_launch.inputs.profile import Fact, HardwareProfile, merge_profiles
 from verl_safe_launch.inputs.registries import REGISTRIES, Registry, read_registries, registered_names
 from verl_safe_launch.inputs.release import TESTED, VerlRelease, describe_need, verl_release, version_tuple
@@ -97,6 +98,7 @@ __all__ = [
     "package_in",
     "parse_override",
     "parse_yaml",
+    "project_dirs",
     "project_verl",
     "read_registries",
     "read_yaml",

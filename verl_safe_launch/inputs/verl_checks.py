@@ -26,6 +26,8 @@ SEARCHED = ("utils", "trainer", "workers")
 ENGINE_PATH = ("workers/engine_workers.py", "workers/engine/", "workers/utils/")
 """The engine workers' code: not what a launch meets in a release whose default is still the legacy workers."""
 LEGACY_WORKERS = "workers/fsdp_workers.py"
+SITE_FORMAT = 2
+"""Bumped when the shape of a cached site changes."""
 
 
 @dataclass(frozen=True)
@@ -143,12 +145,14 @@ PROBES: dict[str, Probe] = {
 
 @dataclass(frozen=True)
 class Site:
-    """Where a release makes one check: file (under ``verl/``), line, the function, and its string constants."""
+    """Where a release makes one check: file (under ``verl/``), line, the function, its string constants, and
+    the words of the ``if`` conditions it is inside (``use_dynamic_bsz``: it runs only on one side of that)."""
 
     file: str
     line: int
     function: str
     strings: tuple[str, ...]
+    guards: tuple[str, ...] = ()
 
 
 @verl_cache
@@ -158,9 +162,15 @@ def verl_checks() -> dict[str, Site | None]:
     table = {
         n: [p.kind, sorted(p.absent), sorted(sorted(a) for a in p.alternatives)] for n, p in PROBES.items()
     }
-    digest = hashlib.sha256(json.dumps(table, sort_keys=True).encode()).hexdigest()[:12]
+    digest = hashlib.sha256(json.dumps([SITE_FORMAT, table], sort_keys=True).encode()).hexdigest()[:12]
     raw: dict[str, Any] = cached_fact(f"checks-{digest}", lambda: find_checks(verl_package_dir()))
-    return {name: Site(*value) if value else None for name, value in raw.items()}
+    return {name: _site(value) for name, value in raw.items()}
+
+
+def _site(value: list[Any] | None) -> Site | None:
+    if not value:
+        return None
+    return Site(str(value[0]), int(value[1]), str(value[2]), tuple(value[3]), tuple(value[4]))
 
 
 def verl_check(name: str) -> Site | None:
@@ -186,7 +196,7 @@ def find_checks(package: Path) -> dict[str, list[Any] | None]:
             if found[name] is None:
                 site = next((s for s in sites if _matches(probe, s)), None)
                 if site is not None:
-                    found[name] = [rel, site.line, site.function, list(site.strings)]
+                    found[name] = [rel, site.line, site.function, list(site.strings), sorted(site.guards)]
     return found
 
 
@@ -197,6 +207,7 @@ class _Site:
     function: str
     words: frozenset[str]
     strings: tuple[str, ...]
+    guards: frozenset[str]
 
 
 def _matches(probe: Probe, site: _Site) -> bool:
@@ -247,6 +258,8 @@ class _Visitor(ast.NodeVisitor):
         self.stack: list[str] = []
         self.sites: list[_Site] = []
         self.named: list[dict[str, ast.AST]] = [{}]
+        self.guards: list[frozenset[str]] = []
+        """The words of each ``if`` condition the visitor is inside (the innermost last)."""
         """Per scope: names bound to a literal list, tuple or set (what a check compares against by name)."""
 
     def _add(self, kind: str, line: int, *nodes: ast.AST) -> None:
@@ -256,12 +269,15 @@ class _Visitor(ast.NodeVisitor):
                 words.update(_words(sub))
                 if isinstance(sub, ast.Constant) and isinstance(sub.value, str):
                     strings.append(sub.value)
-        self.sites.append(_Site(kind, line, ".".join(self.stack), frozenset(words), tuple(strings)))
+        guards = frozenset().union(*self.guards) if self.guards else frozenset()
+        self.sites.append(_Site(kind, line, ".".join(self.stack), frozenset(words), tuple(strings), guards))
 
     def _scope(self, node: ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) -> None:
         self.stack.append(node.name)
         self.named.append({})
+        outer, self.guards = self.guards, []
         self.generic_visit(node)
+        self.guards = outer
         self.named.pop()
         self.stack.pop()
 
@@ -275,7 +291,11 @@ class _Visitor(ast.NodeVisitor):
         raises = [stmt for stmt in node.body if isinstance(stmt, ast.Raise)]
         if raises:
             self._add("check", node.lineno, node.test, *raises, *self._lists(node.test))
-        self.generic_visit(node)
+        self.visit(node.test)
+        self.guards.append(frozenset().union(*(_words(sub) for sub in ast.walk(node.test))))
+        for stmt in [*node.body, *node.orelse]:
+            self.visit(stmt)
+        self.guards.pop()
 
     def visit_Call(self, node: ast.Call) -> None:
         func = node.func

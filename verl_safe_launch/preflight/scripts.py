@@ -8,8 +8,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from verl_safe_launch.audit import Reading, across_worlds, audit, deciding_parts, qualify, script_findings
-from verl_safe_launch.compose import Overlay, model_engines
+from verl_safe_launch.audit import (
+    Reading,
+    across_worlds,
+    audit,
+    deciding_parts,
+    qualify,
+    refused_whatever_the_value,
+    script_findings,
+)
+from verl_safe_launch.compose import Overlay, config_groups, model_engines
 from verl_safe_launch.config_view import ConfigView
 from verl_safe_launch.errors import InputError, VslError
 from verl_safe_launch.findings import Finding, Severity, verdict
@@ -152,7 +160,7 @@ class Auditor:
         view, read = composed.view.recording()  # which values the checks read: what an unread part can decide
         composed = replace(composed, view=view)
         pre = run_preflight(composed, hardware or self.hardware)
-        findings = [*pre.findings, *script_findings(launch)]
+        findings = [*pre.findings, *script_findings(launch), *self._unread_values(launch, passthrough)]
         if job is not None and self.job_findings is not None:
             findings += self.job_findings(job, composed.view)
         if self.passthrough and launch.passthrough is None and self.trace is None:
@@ -160,6 +168,32 @@ class Auditor:
         everywhere = _Everywhere(self.overlay, launch, passthrough)
         qualified = qualify(findings, launch, everywhere)
         return LaunchAudit(launch, tuple(qualified), len(deciding_parts(launch, qualified, read)))
+
+    def _unread_values(self, launch: ScriptLaunch, passthrough: tuple[OverrideToken, ...]) -> list[Finding]:
+        """``key=$X`` whose value is not read: its key is still one Hydra refuses or not, whatever the value."""
+        written: dict[tuple[int | None, str], str] = {}
+        probes: list[OverrideToken] = []
+        for note in launch.notes:
+            if note.kind != "unresolved" or not note.supplies or len(note.supplies) != 1:
+                continue
+            if note.supplies[0].split(".")[0] in config_groups() or "/" in note.supplies[0]:
+                continue  # a config-group choice: its value decides which keys exist
+            prefix = note.raw.strip("'\"")[
+                : len(note.raw.strip("'\"")) - len(note.raw.strip("'\"").lstrip("+"))
+            ]
+            source = Source(Layer.SCRIPT, launch.path, note.line, raw=note.raw)
+            probes.append(OverrideToken(f"{prefix}{note.supplies[0]}=null", source))
+            shown = note.raw.strip("'\"")
+            key = note.supplies[0]
+            written[(note.line, note.raw)] = (
+                shown if shown.lstrip("+").startswith(f"{key}=") else f"{key}=..."
+            )
+        if not probes:
+            return []
+        base = launch.request(passthrough)
+        return refused_whatever_the_value(
+            self.overlay.compose(replace(base, overrides=(*base.overrides, *probes))), written
+        )
 
 
 class _Everywhere:

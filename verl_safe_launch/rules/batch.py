@@ -7,9 +7,11 @@ from collections.abc import Callable
 from verl_safe_launch.config_view import ARR, ConfigView, ref_in_actor
 from verl_safe_launch.context import RuleContext
 from verl_safe_launch.findings import Rule
+from verl_safe_launch.inputs import verl_check, verl_release
 from verl_safe_launch.rules.fixes import KeyFix, divisor_fix, set_fix
 from verl_safe_launch.rules.kit import Draft, check, kv, late, not_positive, plan, skipped, stops
 from verl_safe_launch.rules.plan import (
+    ACTOR_DYNAMIC,
     ACTOR_MICRO,
     ACTOR_MINI,
     CRITIC_DYNAMIC,
@@ -125,7 +127,9 @@ def unmodelled(layout: RoleLayout) -> list[Draft]:
 def train_divisible(ctx: RuleContext) -> list[Draft]:
     """validate_config: ``real_train_batch_size must be divisible by minimal possible batch size``."""
     view, p = ctx.view, plan(ctx)
-    if p.dynamic or view.get(f"{ARR}.actor.strategy") == "megatron":
+    if (p.dynamic and not checked_when_dynamic("train-batch-divisible")) or view.get(
+        f"{ARR}.actor.strategy"
+    ) == "megatron":
         return []
     if skip := not_positive(view, SIZES):
         return skip
@@ -155,8 +159,13 @@ def megatron_minimal(q: BatchPlan) -> int | None:
 def megatron_train_divisible(ctx: RuleContext) -> list[Draft]:
     """validate_config's Megatron branch of the same check."""
     view, p = ctx.view, plan(ctx)
-    if p.dynamic or view.get(f"{ARR}.actor.strategy") != "megatron":
+    if view.get(f"{ARR}.actor.strategy") != "megatron":
         return []
+    if p.dynamic:
+        if not checked_when_dynamic("megatron-minimal-batch"):
+            return []
+        if view.get(ACTOR_MICRO) is None:
+            return [_no_micro_for_minimal(view)]
     minimal = megatron_minimal(p)
     if p.trajectories is None or minimal is None or divides(p.trajectories, minimal):
         return []
@@ -177,6 +186,22 @@ def megatron_train_divisible(ctx: RuleContext) -> list[Draft]:
             reads=layout_reads(p.actor),
         )
     ]
+
+
+def checked_when_dynamic(check_name: str) -> bool:
+    """True when the release makes the check also with ``use_dynamic_bsz=true`` (no ``if`` on it around it)."""
+    site = verl_check(check_name)
+    return site is not None and "use_dynamic_bsz" not in site.guards
+
+
+def _no_micro_for_minimal(view: ConfigView) -> Draft:
+    """Releases before 0.6 compute the Megatron minimal batch with the per-GPU micro batch even under dynamic
+    batch size: unset, it is ``None`` and the multiplication raises."""
+    msg = (
+        f"{ACTOR_MICRO} is not set, and {verl_release().name} multiplies it into the Megatron minimal batch even "
+        f"with {kv(view, ACTOR_DYNAMIC)}: a TypeError; {stops('megatron-minimal-batch')}"
+    )
+    return Draft((ACTOR_MICRO, ACTOR_DYNAMIC), msg, (set_fix(ACTOR_MICRO, 1),))
 
 
 def _mini_exceeds(view: ConfigView, mini_key: str, role: str) -> list[Draft]:
