@@ -46,6 +46,7 @@ def test_an_assertion_commented_out_is_no_check(tmp_path: Path) -> None:
         8,
         "RayPPOTrainer._validate_config",
         [],
+        [],
     ]
     assert gone["actor-mini-le-train"] is None
     assert live["train-batch-divisible"] is not None and gone["train-batch-divisible"] is not None
@@ -105,3 +106,69 @@ def test_a_rule_older_releases_lack_is_named_once_not_reported(releases: Path) -
     site = verl_checks()["loss-agg-mode"]
     assert site is not None and site.function == "RayPPOTrainer._validate_config"
     assert "token-sum" not in site.strings  # 0.5.0's own list: verl 0.9's longer one would be wrong here
+
+
+FORK_TRAINER = """
+class RayPPOTrainer:
+    def __init__(self, config):
+        self.config = config
+        adapt = self.config.actor_rollout_ref.actor.adaptive_entropy
+        if config.algorithm.use_kl_in_reward:
+            self.kl = config.algorithm.kl_ctrl.kl_coef
+        name = config.reward_model.get("reward_manager", "naive")
+        config.trainer.written_here = 1
+        print(config.trainer.written_here)
+"""
+
+
+def test_keys_a_trainer_reads_on_every_launch_are_read_from_its_source(tmp_path: Path) -> None:
+    from verl_safe_launch.inputs.config_reads import find_reads
+
+    package = tmp_path / "verl"
+    (package / "trainer" / "ppo").mkdir(parents=True)
+    (package / "trainer" / "ppo" / "ray_trainer.py").write_text(FORK_TRAINER)
+    reads = [(key, line) for key, _, line, _ in find_reads(package)]
+    # the body of an if runs on one path only; .get reads its node; a key the function writes is its own
+    assert reads == [
+        ("actor_rollout_ref.actor.adaptive_entropy", 5),
+        ("algorithm.use_kl_in_reward", 6),
+        ("reward_model", 8),
+        ("trainer", 9),
+    ]
+
+
+def test_the_installed_verl_reads_only_keys_its_own_configs_have(cli: Callable[..., CliResult]) -> None:
+    from verl_safe_launch.inputs import config_reads
+
+    assert len(config_reads()) > 5
+    for name in ("ppo_trainer", "ppo_megatron_trainer"):
+        data = json.loads(cli("check", "--config-name", name, "--format", "json").out)
+        assert not [f for f in data["findings"] if f["rule_id"] == "verl-config-read"]
+    data = json.loads(cli("check", "~trainer.project_name", "--format", "json").out)
+    read = [f["message"] for f in data["findings"] if f["rule_id"] == "verl-config-read"]
+    assert read == [
+        "verl 0.9.1 reads config.trainer.project_name in RayPPOTrainer.__init__ (trainer/ppo/ray_trainer.py:352) on "
+        "every launch, and this config has no trainer.project_name: a ConfigAttributeError before training"
+    ]
+
+
+def test_a_reward_file_verl_imports_may_register_its_own_reward_manager(
+    cli: Callable[..., CliResult],
+) -> None:
+    line = ["reward.reward_manager.name=mine", "--format", "json"]
+
+    def registry_errors(*extra: str) -> list[str]:
+        data = json.loads(cli("check", *line, *extra).out)
+        return [f["rule_id"] for f in data["findings"] if f["rule_id"] == "verl-registry-name"]
+
+    assert registry_errors() == ["verl-registry-name"]
+    assert registry_errors("reward.custom_reward_function.path=recipe/mine/reward.py") == []
+
+
+@pytest.mark.slow
+def test_names_a_worker_compares_complete_a_registry_never_make_one(releases: Path) -> None:
+    """0.7.1's legacy workers take rollout.name=hf (compared before its table's lookup); 0.5.0 has no table."""
+    from verl_safe_launch.inputs import read_registries
+
+    assert "hf" in read_registries(releases / "0.7.1")["rollout"]
+    assert read_registries(releases / "0.5.0")["rollout"] == []

@@ -202,3 +202,14 @@ def test_check_reads_the_verl_of_the_project_it_runs_in(
     monkeypatch.chdir(project)
     result = cli("check", "data.train_batch_size=64")
     assert result.out.splitlines()[0] == f"{shown} (vendored in the working directory), a tested release"
+
+
+@pytest.mark.parametrize("holder", ["verl", "src"])
+def test_a_verl_checkout_the_project_installs_from_is_its_verl(tmp_path: Path, holder: str) -> None:
+    """``proj/verl/verl`` (a checkout of verl's repository) or ``proj/src/verl``, installed from there."""
+    project = tmp_path / "proj"
+    (project / holder).mkdir(parents=True)
+    (project / holder / "verl").symlink_to(INSTALLED, target_is_directory=True)
+    script = _script(project / "scripts" / "train" / "run.sh")
+    choice = project_verl(script)
+    assert (choice.path, choice.how) == (INSTALLED.resolve(), "vendored 2 directories above run.sh")

@@ -227,6 +227,8 @@ def _type_problem(value: object, spec: TypeSpec) -> Severity | None:
     if spec.kind == "int":
         if isinstance(value, int) and not isinstance(value, bool):
             return None if abs(value) <= MAX_INT64 else Severity.ERROR
+        if isinstance(value, bool) and spec.origin == "verl's default":
+            return Severity.WARNING  # no dataclass types it: Python takes a bool as 0 or 1
         lenient = (
             isinstance(value, float)
             and math.isfinite(value)

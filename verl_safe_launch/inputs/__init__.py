@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from verl_safe_launch.inputs.architecture import from_config_dict, load_architecture, local_architectures
+from verl_safe_launch.inputs.config_reads import ConfigRead, config_reads
 from verl_safe_launch.inputs.hardware import (
     DETECT_ENV,
     GPU_KEYS,
@@ -62,6 +63,7 @@ __all__ = [
     "TESTED",
     "VERL_ENV",
     "ComposeRequest",
+    "ConfigRead",
     "Fact",
     "HardwareProfile",
     "KeyFacts",
@@ -80,6 +82,7 @@ __all__ = [
     "cached_fact",
     "choose_verl",
     "cli_tokens",
+    "config_reads",
     "count_of",
     "dataclass_field_names",
     "describe_need",

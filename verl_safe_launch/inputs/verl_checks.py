@@ -21,7 +21,7 @@ from verl_safe_launch.inputs.knowledge import cached_fact
 from verl_safe_launch.inputs.verl_paths import verl_cache, verl_package_dir
 
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-SEARCHED = ("utils", "trainer", "workers")
+SEARCHED = ("utils", "trainer", "workers", "models")
 """The parts of verl whose code validates a config or runs it, the earliest checks first (``validate_config``)."""
 ENGINE_PATH = ("workers/engine_workers.py", "workers/engine/", "workers/utils/")
 """The engine workers' code: not what a launch meets in a release whose default is still the legacy workers."""
@@ -128,6 +128,9 @@ PROBES: dict[str, Probe] = {
         "check that sequence parallelism removes padding",
         "use_remove_padding ulysses_sequence_parallel_size",
         "use_remove_padding sequence",
+    ),
+    "ulysses-heads": _probe(
+        "check that the Ulysses size divides the attention heads", "num_attention_heads ulysses_sp_size"
     ),
     "rollout-world": _probe(
         "rollout world-size check", "infer_world_size world_size divisible", "world_size infer_tp divisible"

@@ -20,6 +20,8 @@ from verl_safe_launch.inputs.verl_paths import installed_verl, package_in, user_
 OFFLINE_ENV = "VSL_OFFLINE"
 """Set to 1: a pinned release that is not in the cache is never fetched; the command that fetches it is named."""
 FETCH_TIMEOUT_S = 600.0
+CHECKOUTS = ("verl", "src")
+"""Where a project keeps a verl checkout it installs from (``verl/verl``, ``src/verl``), besides ``verl/`` itself."""
 
 
 @dataclass(frozen=True)
@@ -82,7 +84,9 @@ def _vendored(
         if key == "PYTHONPATH":
             candidates += [(base / entry, f"PYTHONPATH set by {name}") for entry in value.split(":") if entry]
     for level, directory in enumerate(dirs):
-        candidates.append((directory, f"vendored {_place(level, name, script is None)}"))
+        place = _place(level, name, script is None)
+        for holder in (directory, *(directory / sub for sub in CHECKOUTS)):
+            candidates.append((holder, f"vendored {place}"))
     for directory, how in candidates:
         why = unreadable(directory / "verl")
         package = package_in(directory) if why is None else None

@@ -7,7 +7,18 @@ from collections.abc import Iterable
 from verl_safe_launch.context import RuleContext
 from verl_safe_launch.findings import Finding, Rule, run_table
 from verl_safe_launch.inputs import verl_release
-from verl_safe_launch.rules import batch, cluster, data, layout, model, modes, registry, rollout, verl_static
+from verl_safe_launch.rules import (
+    batch,
+    cluster,
+    data,
+    layout,
+    model,
+    modes,
+    registry,
+    rollout,
+    verl_reads,
+    verl_static,
+)
 
 RULES: tuple[Rule[RuleContext], ...] = (
     *batch.RULES,
@@ -19,6 +30,7 @@ RULES: tuple[Rule[RuleContext], ...] = (
     *registry.RULES,
     *rollout.RULES,
     *verl_static.RULES,
+    *verl_reads.RULES,
 )
 
 

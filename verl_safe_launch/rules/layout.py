@@ -167,7 +167,11 @@ def ulysses_gpus(ctx: RuleContext) -> list[Draft]:
     return drafts
 
 
-@check("layout-ulysses-heads", "Ulysses size divides the attention heads (KV heads: either way)")
+@check(
+    "layout-ulysses-heads",
+    "Ulysses size divides the attention heads (KV heads: either way)",
+    needs=("code:ulysses-heads",),
+)
 def ulysses_heads(ctx: RuleContext) -> list[Draft]:
     """verl's Ulysses monkey patch: ``num_attention_heads ... must be divisible by ulysses_sp_size``."""
     p = plan(ctx)

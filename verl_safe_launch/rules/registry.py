@@ -14,7 +14,10 @@ from verl_safe_launch.rules.kit import Draft, check
 
 
 def _custom_reward(view: ConfigView) -> bool:
-    return bool(view.get("reward.reward_manager.source", "register") != "register")
+    """A reward manager from a module, or a custom reward file verl imports (it may register one itself)."""
+    if view.get("reward.reward_manager.source", "register") != "register":
+        return True
+    return any(view.get(k) for k in ("custom_reward_function.path", "reward.custom_reward_function.path"))
 
 
 def _custom_agent_loops(view: ConfigView) -> bool:
