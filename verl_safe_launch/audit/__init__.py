@@ -27,6 +27,7 @@ from verl_safe_launch.audit.migrate import (
     plan_migration,
     render_yaml,
 )
+from verl_safe_launch.audit.older import group_older_keys
 from verl_safe_launch.audit.overrides import refused_whatever_the_value
 from verl_safe_launch.audit.parallel import ACTOR_SP, CRITIC_SP, GPUS_KEYS, REF_SP, Layout, read_layout
 from verl_safe_launch.audit.project import (
@@ -99,6 +100,7 @@ __all__ = [
     "generate_moves",
     "generated_moves",
     "group_estimators",
+    "group_older_keys",
     "history",
     "history_json",
     "hydra_literal",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import itertools
 import shlex
 from dataclasses import replace
@@ -14,7 +13,13 @@ from verl_safe_launch.audit.upgrade import current_key, moves_after
 from verl_safe_launch.compose import Composed, Rejected, config_groups
 from verl_safe_launch.config_view import format_value
 from verl_safe_launch.findings import Finding, Rule, Severity
-from verl_safe_launch.inputs import OverrideToken, dataclass_field_names, names_read_with_get, verl_release
+from verl_safe_launch.inputs import (
+    OverrideToken,
+    dataclass_field_names,
+    did_you_mean,
+    names_read_with_get,
+    verl_release,
+)
 from verl_safe_launch.provenance import LAYER_TITLES, Layer, Source, Write
 
 _USER_LAYERS = (Layer.FILE, Layer.SCRIPT, Layer.CLI)
@@ -208,19 +213,6 @@ def _suggest(ctx: AuditContext, key: str, value: str) -> str:
         prefix = "+" if close in ctx.facts.dc_only else ""
         return f"did you mean {close}? {prefix}{close}={value}"
     return f"remove it, or create it with ++{key}={value} if your own code reads it"
-
-
-def did_you_mean(key: str, known: list[str]) -> str | None:
-    """The closest known key: a sibling with a similar name, else a similar path in the same top-level section."""
-    parent, _, leaf = key.rpartition(".")
-    siblings = {k.rpartition(".")[2]: k for k in known if k.rpartition(".")[0] == parent}
-    close = difflib.get_close_matches(leaf, list(siblings), n=1, cutoff=0.7)
-    if close:
-        return siblings[close[0]]
-    section = key.split(".", 1)[0] + "."
-    same = [k for k in known if k.startswith(section) and not k.endswith("._target_")]
-    matches = difflib.get_close_matches(key, same or list(known), n=1, cutoff=0.8)
-    return matches[0] if matches else None
 
 
 @audit_rule(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import functools
 import importlib.resources
 import pickle
@@ -25,6 +24,7 @@ from verl_safe_launch.inputs import (
     YamlDoc,
     YamlLeaf,
     cached_bytes,
+    did_you_mean,
     display_path,
     parse_override,
     read_yaml,
@@ -356,14 +356,7 @@ def _did_you_mean(key: str, cfg: Any) -> str | None:
 
     if cfg is None:
         return None
-    known = list(flatten(OmegaConf.to_container(cfg, resolve=False)))  # type: ignore[arg-type]
-    matches = difflib.get_close_matches(key, known, n=1, cutoff=0.75)
-    if matches:
-        return matches[0]
-    leaf = key.rsplit(".", 1)[-1]
-    same_leaf = [k for k in known if k.rsplit(".", 1)[-1] == leaf]
-    close = difflib.get_close_matches(key, same_leaf, n=1, cutoff=0.0)
-    return close[0] if close else None
+    return did_you_mean(key, flatten(OmegaConf.to_container(cfg, resolve=False)))  # type: ignore[arg-type]
 
 
 def _override_writes(override: Any, token: OverrideToken) -> list[Write]:

@@ -13,6 +13,7 @@ from verl_safe_launch.inputs.hardware import (
     hardware_fills,
     hardware_findings,
 )
+from verl_safe_launch.inputs.keynames import did_you_mean, is_typo, typo_of
 from verl_safe_launch.inputs.keytypes import (
     KeyFacts,
     TypeSpec,
@@ -87,11 +88,13 @@ __all__ = [
     "dataclass_field_names",
     "describe_need",
     "detect_hardware",
+    "did_you_mean",
     "display_path",
     "fetch_command",
     "from_config_dict",
     "hardware_fills",
     "hardware_findings",
+    "is_typo",
     "key_facts",
     "knowledge_dir",
     "load_architecture",
@@ -109,6 +112,7 @@ __all__ = [
     "request_from_args",
     "slurm_mem_gib",
     "split_tool_tokens",
+    "typo_of",
     "user_verl",
     "verl_cache",
     "verl_check",

@@ -13,6 +13,7 @@ from verl_safe_launch.audit import (
     across_worlds,
     audit,
     deciding_parts,
+    group_older_keys,
     qualify,
     refused_whatever_the_value,
     script_findings,
@@ -29,6 +30,7 @@ from verl_safe_launch.inputs import (
     merge_profiles,
     split_tool_tokens,
     verl_package_dir,
+    verl_release,
 )
 from verl_safe_launch.preflight.pipeline import run_preflight
 from verl_safe_launch.preflight.release import header_lines, use_project_verl
@@ -167,6 +169,8 @@ class Auditor:
             findings.append(_unused_passthrough(launch))
         everywhere = _Everywhere(self.overlay, launch, passthrough)
         qualified = qualify(findings, launch, everywhere)
+        texts = [t.text for t in launch.request(passthrough).overrides]
+        qualified = group_older_keys(qualified, texts, verl_release(), launch.path)
         return LaunchAudit(launch, tuple(qualified), len(deciding_parts(launch, qualified, read)))
 
     def _unread_values(self, launch: ScriptLaunch, passthrough: tuple[OverrideToken, ...]) -> list[Finding]:
