@@ -97,3 +97,21 @@ SAME = [
 @pytest.mark.parametrize(("key", "meant"), SAME)
 def test_did_you_mean_a_slip_of_the_keyboard(key: str, meant: str) -> None:
     assert did_you_mean(key, verl_release().config_keys) == meant
+
+
+def test_keys_of_another_model_engine_are_not_another_verls(
+    tmp_path: Path, cli: Callable[..., CliResult]
+) -> None:
+    """actor.megatron.* exist under model_engine=megatron: the engine mismatch explains them, not an older verl."""
+    script = tmp_path / "run.sh"
+    script.write_text(
+        f"{LAUNCH} actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2 "
+        "actor_rollout_ref.actor.megatron.param_offload=True\n"
+    )
+    found = _unknown(cli, script)
+    assert [f["keys"] for f in found] == [
+        ["actor_rollout_ref.actor.megatron.tensor_model_parallel_size"],
+        ["actor_rollout_ref.actor.megatron.param_offload"],
+    ]
+    assert not any("was written for" in str(f["message"]) for f in found)
+

@@ -15,8 +15,19 @@ from dataclasses import replace
 from verl_safe_launch.audit.detect import detect, evidence_of, fits_text
 from verl_safe_launch.audit.history import RELEASES, last_release_with, series_of
 from verl_safe_launch.audit.upgrade import current_key, moves_after
+from verl_safe_launch.compose import compose, model_engines
+from verl_safe_launch.errors import VslError
 from verl_safe_launch.findings import Finding, Severity
-from verl_safe_launch.inputs import VerlRelease, did_you_mean, typo_of, version_tuple
+from verl_safe_launch.inputs import (
+    ComposeRequest,
+    OverrideToken,
+    VerlRelease,
+    did_you_mean,
+    typo_of,
+    verl_cache,
+    version_tuple,
+)
+from verl_safe_launch.provenance import Layer, Source
 
 OLDER = "was written for"
 """Marks the grouped finding (the audit's ``unknown-key``, one per launch)."""
@@ -27,7 +38,8 @@ def group_older_keys(
 ) -> list[Finding]:
     """The findings, with the keys ``release`` refuses grouped under one headline when the launch fits another
     verl better (unchanged otherwise); a key that is a typo of one ``release`` has keeps its own finding."""
-    refused = [f for f in findings if _refused_key(f) and not _typo(f, release)]
+    engines = engine_keys()
+    refused = [f for f in findings if _refused_key(f) and not _typo(f, release) and not set(f.keys) & engines]
     if not refused:
         return list(findings)
     fits = _fits(texts, release, [k for f in refused for k in f.keys])
@@ -37,6 +49,19 @@ def group_older_keys(
     at = findings.index(refused[0])
     kept = [f for f in findings if f not in refused]
     return [*kept[:at], headline, *kept[at:]]
+
+
+@verl_cache
+def engine_keys() -> frozenset[str]:
+    """Keys the verl in use has under another ``model_engine`` (``actor.megatron.*``): not another verl's keys."""
+    keys: set[str] = set()
+    for engine in model_engines():
+        token = OverrideToken(f"model_engine={engine}", Source(Layer.CLI))
+        try:
+            keys.update(compose(ComposeRequest(overrides=(token,))).view.keys())
+        except VslError:
+            continue
+    return frozenset(keys)
 
 
 def _refused_key(finding: Finding) -> bool:
