@@ -115,3 +115,25 @@ def test_keys_of_another_model_engine_are_not_another_verls(
     ]
     assert not any("was written for" in str(f["message"]) for f in found)
 
+
+@pytest.mark.slow
+def test_a_config_group_option_the_release_lacks_is_a_no_go_not_an_unreadable_script(
+    releases: Path, tmp_path: Path, cli: Callable[..., CliResult]
+) -> None:
+    """model_engine=megatron under 0.7.1 (whose model_engine group has no megatron): its Hydra refuses it."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.errors import HydraException
+
+    script = tmp_path / "run.sh"
+    script.write_text(f"{LAUNCH} model_engine=megatron\n")
+    result = cli("--verl", str(releases / "0.7.1"), "audit", str(script), "--format", "json")
+    data = json.loads(result.out)
+    assert (result.code, data["verdict"]) == (1, "no-go")
+    [finding] = data["scripts"][0]["launches"][0]["findings"]
+    assert (
+        finding["keys"] == ["model_engine"] and "verl 0.7.1's Hydra refuses the launch" in finding["message"]
+    )
+    config = str(releases / "0.7.1" / "verl" / "trainer" / "config")
+    with initialize_config_dir(config, version_base=None), pytest.raises(HydraException):
+        hydra_compose("ppo_trainer", overrides=["model_engine=megatron"])

@@ -148,9 +148,17 @@ def _verl_base(
         raise ConfigError(
             f"cannot compose verl's config: {str(exc).splitlines()[0]}",
             where=_token_mentioned(str(exc), tokens),
-            fix="check the config group override (e.g. model_engine=dp|megatron|veomni|torchtitan)",
+            fix=_group_fix(),
         ) from None
     return _BASES[key], [(o, t) for o, t in parsed if id(o) in config_ids]
+
+
+def _group_fix() -> str:
+    """Name the options this verl has for its model_engine group (none before 0.7)."""
+    options = sorted(p.stem for p in (verl_config_dir() / "model_engine").glob("*.yaml"))
+    if not options:
+        return "this verl has no model_engine group: choose the engine with its config (--config-name)"
+    return f"choose an option this verl has (model_engine={'|'.join(options)})"
 
 
 def _refuse_group_values(groups: list[tuple[Any, OverrideToken]]) -> None:

@@ -3,6 +3,7 @@ bash really ran under ``--trace``), judged by what was read."""
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -20,7 +21,7 @@ from verl_safe_launch.audit import (
 )
 from verl_safe_launch.compose import Overlay, config_groups, model_engines
 from verl_safe_launch.config_view import ConfigView
-from verl_safe_launch.errors import InputError, VslError
+from verl_safe_launch.errors import ConfigError, InputError, VslError
 from verl_safe_launch.findings import Finding, Severity, verdict
 from verl_safe_launch.inputs import (
     DETECT_ENV,
@@ -158,7 +159,12 @@ class Auditor:
             findings, unread = across_worlds(readings)
             return LaunchAudit(launch, tuple(findings), unread)
         passthrough = self.passthrough if launch.passthrough and self.trace is None else ()
-        composed = self.overlay.compose(launch.request(passthrough))
+        try:
+            composed = self.overlay.compose(launch.request(passthrough))
+        except ConfigError as exc:
+            if not exc.what.startswith(GROUP_REFUSED):
+                raise
+            return LaunchAudit(launch, (_group_refused(launch, exc),))
         view, read = composed.view.recording()  # which values the checks read: what an unread part can decide
         composed = replace(composed, view=view)
         pre = run_preflight(composed, hardware or self.hardware)
@@ -220,6 +226,23 @@ class _Everywhere:
         request = replace(base, overrides=(*base.overrides, choice))
         findings = audit(self.overlay.compose(request))
         return {(f.rule_id, f.keys) for f in findings if f.severity is Severity.ERROR}
+
+
+GROUP_REFUSED = "cannot compose verl's config"
+
+
+def _group_refused(launch: ScriptLaunch, exc: ConfigError) -> Finding:
+    """A config-group choice the verl in use does not have (``model_engine=megatron`` on 0.7): Hydra refuses the
+    launch before verl starts, a NO-GO of this launch, not an unreadable script."""
+    group = re.search(r"Could not find '([^/']+)/", exc.what)
+    key = group.group(1) if group else "--config-name"
+    message = (
+        f"{exc.what.removeprefix(GROUP_REFUSED + ': ')}: {verl_release().name}'s Hydra refuses the launch"
+    )
+    token = next((t for t in launch.tokens if t.text.partition("=")[0].lstrip("+~") == key), None)
+    source = token.source if token is not None else Source(Layer.SCRIPT, launch.path, launch.line)
+    value = token.text.partition("=")[2] if token is not None else None
+    return Finding("unknown-key", Severity.ERROR, (key,), message, exc.fix, ((key, value, source),))
 
 
 def _unused_passthrough(launch: ScriptLaunch) -> Finding:
