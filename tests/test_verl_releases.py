@@ -204,14 +204,15 @@ def test_knowledge_is_cached_under_xdg_cache_home(knowledge_cache: Path) -> None
     where = knowledge_dir()
     assert where.parent == knowledge_cache / "verl-safe-launch"
     assert where.name.startswith(f"verl-{verl_release().version}-")
-    cached = json.loads((where / "registries.json").read_text())
+    [facts] = where.glob("registries-*.json")  # named by a digest of the registry table
+    cached = json.loads(facts.read_text())
     assert {k: frozenset(v) for k, v in cached.items()} == names
-    (where / "registries.json").write_text(json.dumps({"policy loss": ["only-this"]}))
+    facts.write_text(json.dumps({"policy loss": ["only-this"]}))
     choose_verl(None)  # forget what this process read: the next read comes from the file
     try:
         assert registered_names()["policy loss"] == frozenset({"only-this"})
     finally:
-        (where / "registries.json").unlink()
+        facts.unlink()
         choose_verl(None)
     assert verl_cache is not None
 
