@@ -239,9 +239,9 @@ def test_a_refused_group_choice_is_refused_again_without_composing(monkeypatch: 
     calls: list[object] = []
     real = _hydra.compose_defaults
 
-    def counted(overrides: Any) -> Any:
+    def counted(overrides: Any, *rest: Any) -> Any:
         calls.append(overrides)
-        return real(overrides)
+        return real(overrides, *rest)
 
     monkeypatch.setattr(_hydra, "compose_defaults", counted)
     errors = []

@@ -10,6 +10,7 @@ from conftest import DATA, examples
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from verl_safe_launch.compose import compose
 from verl_safe_launch.errors import InputError
 from verl_safe_launch.provenance import Layer
 from verl_safe_launch.shell import ScriptLaunch, parse_script, read_script
@@ -40,7 +41,7 @@ FIXTURES = [
     ("grpo_kl_flip.sh", 1, 21, None),
     ("ppo_critic.sh", 1, 36, 47),
     ("megatron_arrays.sh", 1, 27, 71),
-    ("megatron_config_name.sh", 1, 17, None),
+    ("megatron_config_name.sh", 1, 16, None),
     ("megatron_strategy.sh", 1, 8, None),
     ("multiturn.sh", 1, 21, 42),
     ("two_launches.sh", 2, 10, None),
@@ -80,15 +81,14 @@ def test_arrays_keep_the_line_of_each_element() -> None:
     assert texts(launch)[-1] == "model_engine=megatron"
 
 
-def test_deprecated_config_name_becomes_model_engine() -> None:
+def test_a_config_name_of_verl_is_composed_by_that_name() -> None:
+    """``--config-name ppo_megatron_trainer``: the config verl's own Hydra composes; 0.9's file says it is a
+    deprecated alias, and of what."""
     launch = read_script(SCRIPTS / "megatron_config_name.sh")[0]
-    first = launch.tokens[0]
-    assert (first.text, first.source.line, first.source.raw) == (
-        "model_engine=megatron",
-        7,
-        "--config-name='ppo_megatron_trainer.yaml'",
-    )
+    assert launch.config_name == "ppo_megatron_trainer"
+    assert launch.request().config_name == "ppo_megatron_trainer"
     assert notes(launch) == [("deprecated-config", 7, "model_engine=megatron")]
+    assert compose(launch.request()).view.get("model_engine") == "megatron"
 
 
 def test_unresolvable_values_are_reported_not_guessed() -> None:
@@ -99,7 +99,8 @@ def test_unresolvable_values_are_reported_not_guessed() -> None:
     assert (
         "config",
         18,
-        "the command substitution $(pwd) (line 8); the config file is not audited",
+        "the command substitution $(pwd) (line 8); config file $(pwd)/examples/sglang_multiturn/config/"
+        "gsm8k_multiturn_grpo.yaml not found; not audited",
     ) in notes(launch)
 
 
@@ -262,14 +263,23 @@ def test_user_config_file_becomes_a_yaml_layer(tmp_path: Path) -> None:
     assert launch.config_files == (tmp_path / "mine.yaml",)
     missing = one(f"{LAUNCH} --config-path {tmp_path} --config-name nothere a.b=1\n")
     assert missing.config_files == ()
-    assert notes(missing) == [("config", 1, f"config file {tmp_path}/nothere.yaml not found; not audited")]
+    detail = f"Hydra finds no nothere.yaml in {tmp_path}, and stops before verl starts"
+    assert notes(missing) == [("config-missing", 1, detail)]
+    gone = one(f"{LAUNCH} --config-path {tmp_path}/gone --config-name mine a.b=1\n")
+    assert notes(gone) == [
+        (
+            "config-missing",
+            1,
+            f"Hydra finds no config directory {tmp_path}/gone, and stops before verl starts",
+        )
+    ]
 
 
 def test_user_config_inheriting_megatron_selects_the_megatron_engine(tmp_path: Path) -> None:
     (tmp_path / "mine.yaml").write_text("defaults:\n  - ppo_megatron_trainer\n  - _self_\n")
     launch = one(f"{LAUNCH} --config-path={tmp_path} --config-name=mine a.b=1\n")
     assert launch.config_files == (tmp_path / "mine.yaml",)
-    assert texts(launch) == ["model_engine=megatron", "a.b=1"]
+    assert (launch.config_name, texts(launch)) == ("ppo_megatron_trainer", ["a.b=1"])
     assert supplies(launch) == []
 
 

@@ -62,8 +62,8 @@ CASES = [
         "batch-train-divisible-gpus",
         ["data.train_batch_size=63"],
         (
-            "data.train_batch_size=63 × rollout.n 4 = 252 sequences per step is not divisible by the 8 "
-            "GPUs (= n_gpus_per_node 8 × nnodes 1); verl's validate_config stops here"
+            "data.train_batch_size=63 × rollout.n 4 = 252 sequences per step is not divisible by the 8 GPUs "
+            "(= n_gpus_per_node 8 × nnodes 1); verl 0.9.1 stops here in validate_config"
         ),
         "data.train_batch_size=62 (or 64); or actor_rollout_ref.rollout.n=8",
     ),
@@ -76,8 +76,8 @@ CASES = [
         ],
         (
             "data.train_batch_size=63 × rollout.n 4 = 252 sequences per step is not divisible by 4 "
-            "data-parallel ranks (8 GPUs / (TP 2 × PP 1 × CP 1)) × ppo_micro_batch_size_per_gpu 2 = 8; "
-            "verl's validate_config stops here"
+            "data-parallel ranks (8 GPUs / (TP 2 × PP 1 × CP 1)) × ppo_micro_batch_size_per_gpu 2 = 8; verl "
+            "0.9.1 stops here in validate_config"
         ),
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1 (or 3); or data.train_batch_size=62 (or 64)",
     ),
@@ -85,9 +85,9 @@ CASES = [
         "batch-mini-exceeds-train",
         ["actor_rollout_ref.actor.ppo_mini_batch_size=128"],
         (
-            "actor_rollout_ref.actor.ppo_mini_batch_size=128 is larger than data.train_batch_size=64: "
-            "the actor mini batch cannot hold more prompts than one step; verl's validate_config stops "
-            "here"
+            "actor_rollout_ref.actor.ppo_mini_batch_size=128 is larger than data.train_batch_size=64: the "
+            "actor mini batch cannot hold more prompts than one step; verl 0.9.1 stops here in "
+            "ActorConfig.validate"
         ),
         "actor_rollout_ref.actor.ppo_mini_batch_size=64; or data.train_batch_size=128",
     ),
@@ -95,8 +95,8 @@ CASES = [
         "batch-critic-mini-exceeds-train",
         ["algorithm.adv_estimator=gae", "critic.ppo_mini_batch_size=128"],
         (
-            "critic.ppo_mini_batch_size=128 is larger than data.train_batch_size=64: the critic mini "
-            "batch cannot hold more prompts than one step; verl's validate_config stops here"
+            "critic.ppo_mini_batch_size=128 is larger than data.train_batch_size=64: the critic mini batch "
+            "cannot hold more prompts than one step; verl 0.9.1 stops here in CriticConfig.validate"
         ),
         "critic.ppo_mini_batch_size=64; or data.train_batch_size=128",
     ),
@@ -104,8 +104,8 @@ CASES = [
         "batch-mini-per-gpu",
         ["actor_rollout_ref.actor.ppo_mini_batch_size=5"],
         (
-            "actor_rollout_ref.actor.ppo_mini_batch_size=5 × rollout.n 4 = 20 trajectories per actor "
-            "mini batch do not split evenly over 8 data-parallel GPUs; verl only finds out at the first "
+            "actor_rollout_ref.actor.ppo_mini_batch_size=5 × rollout.n 4 = 20 trajectories per actor mini "
+            "batch do not split evenly over 8 data-parallel GPUs; verl 0.9.1 only finds out at the first "
             "training step"
         ),
         "actor_rollout_ref.actor.ppo_mini_batch_size=4 (or 6); or actor_rollout_ref.rollout.n=8",
@@ -114,8 +114,8 @@ CASES = [
         "batch-critic-mini-per-gpu",
         ["algorithm.adv_estimator=gae", "critic.ppo_mini_batch_size=5"],
         (
-            "critic.ppo_mini_batch_size=5 × rollout.n 4 = 20 trajectories per critic mini batch do not "
-            "split evenly over 8 data-parallel GPUs; verl only finds out at the first training step"
+            "critic.ppo_mini_batch_size=5 × rollout.n 4 = 20 trajectories per critic mini batch do not split"
+            " evenly over 8 data-parallel GPUs; verl 0.9.1 only finds out at the first training step"
         ),
         "critic.ppo_mini_batch_size=4 (or 6); or actor_rollout_ref.rollout.n=8",
     ),
@@ -123,9 +123,9 @@ CASES = [
         "batch-micro-divides-mini",
         ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3"],
         (
-            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3 does not divide the per-GPU mini "
-            "batch 8 (= ppo_mini_batch_size 16 × rollout.n 4 / 8 data-parallel GPUs); verl only finds "
-            "out at the first training step"
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3 does not divide the per-GPU mini batch 8"
+            " (= ppo_mini_batch_size 16 × rollout.n 4 / 8 data-parallel GPUs); verl 0.9.1 only finds out at "
+            "the first training step"
         ),
         (
             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2 (valid: 1, 2, 4, 8); or "
@@ -136,9 +136,9 @@ CASES = [
         "batch-logprob-micro",
         ["actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=5"],
         (
-            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=5 does not divide the 32 "
-            "sequences each data-parallel rank scores in the old log-prob pass (= 256 sequences / 8 "
-            "data-parallel GPUs); verl only finds out at the first training step"
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=5 does not divide the 32 sequences "
+            "each data-parallel rank scores in the old log-prob pass (= 256 sequences / 8 data-parallel "
+            "GPUs); verl 0.9.1 only finds out at the first training step"
         ),
         (
             "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4 (valid: 1, 2, 4, 8, 16, 32); "
@@ -149,9 +149,9 @@ CASES = [
         "batch-ref-logprob-micro",
         ["actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=5"],
         (
-            "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=5 does not divide the 32 sequences "
-            "each data-parallel rank scores in the reference log-prob pass (= 256 sequences / 8 "
-            "data-parallel GPUs); verl only finds out at the first training step"
+            "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=5 does not divide the 32 sequences each"
+            " data-parallel rank scores in the reference log-prob pass (= 256 sequences / 8 data-parallel "
+            "GPUs); verl 0.9.1 only finds out at the first training step"
         ),
         (
             "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4 (valid: 1, 2, 4, 8, 16, 32); or "
@@ -165,9 +165,9 @@ CASES = [
             "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=512",
         ],
         (
-            "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=512 × sequence split 1 = 512 tokens is "
-            "less than the longest sequence 1024 (= max_prompt_length + max_response_length) in the "
-            "actor update pass; verl only finds out at the first training step"
+            "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=512 × sequence split 1 = 512 tokens is less "
+            "than the longest sequence 1024 (= max_prompt_length + max_response_length) in the actor update "
+            "pass; verl 0.9.1 only finds out at the first training step"
         ),
         "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=1024 (or 2048)",
     ),
@@ -176,8 +176,8 @@ CASES = [
         ["actor_rollout_ref.actor.ppo_micro_batch_size=16"],
         (
             "actor_rollout_ref.actor.ppo_micro_batch_size=16 and "
-            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2 are both set; verl's "
-            "validate_config stops here"
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2 are both set; verl 0.9.1 stops here in "
+            "ActorConfig.__post_init__"
         ),
         (
             "actor_rollout_ref.actor.ppo_micro_batch_size=null "
@@ -189,7 +189,8 @@ CASES = [
         ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=null"],
         (
             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu is not set and "
-            "actor_rollout_ref.actor.use_dynamic_bsz is false; verl's validate_config stops here"
+            "actor_rollout_ref.actor.use_dynamic_bsz is false; verl 0.9.1 stops here in "
+            "ActorConfig.__post_init__"
         ),
         (
             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4 (valid: 1, 2, 4, 8); or "
@@ -217,7 +218,7 @@ CASES = [
         ["actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=null"],
         (
             "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu is not set and "
-            "actor_rollout_ref.actor.use_dynamic_bsz is false; verl's validate_config stops here"
+            "actor_rollout_ref.actor.use_dynamic_bsz is false; verl 0.9.1 stops here in validate_config"
         ),
         (
             "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4 (valid: 1, 2, 4, 8, 16, 32); "
@@ -229,7 +230,7 @@ CASES = [
         ["actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=null"],
         (
             "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu is not set and "
-            "actor_rollout_ref.actor.use_dynamic_bsz is false; verl's validate_config stops here"
+            "actor_rollout_ref.actor.use_dynamic_bsz is false; verl 0.9.1 stops here in validate_config"
         ),
         (
             "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4 (valid: 1, 2, 4, 8, 16, 32); or "
@@ -240,8 +241,8 @@ CASES = [
         "verl-critic-micro-keys",
         ["algorithm.adv_estimator=gae", "critic.ppo_micro_batch_size=8"],
         (
-            "critic.ppo_micro_batch_size=8 and critic.ppo_micro_batch_size_per_gpu=2 are both set; "
-            "verl's validate_config stops here"
+            "critic.ppo_micro_batch_size=8 and critic.ppo_micro_batch_size_per_gpu=2 are both set; verl "
+            "0.9.1 stops here in CriticConfig.__post_init__"
         ),
         "critic.ppo_micro_batch_size=null critic.ppo_micro_batch_size_per_gpu=2 (valid: 1, 2, 4, 8)",
     ),
@@ -263,7 +264,7 @@ CASES = [
         ],
         (
             "actor_rollout_ref.actor.ppo_mini_batch_size=16 is not divisible by the deprecated "
-            "actor_rollout_ref.actor.ppo_micro_batch_size=3; verl's validate_config stops here"
+            "actor_rollout_ref.actor.ppo_micro_batch_size=3; verl 0.9.1 stops here in ActorConfig.validate"
         ),
         (
             "actor_rollout_ref.actor.ppo_micro_batch_size=null "
@@ -278,8 +279,8 @@ CASES = [
             "critic.ppo_micro_batch_size_per_gpu=null",
         ],
         (
-            "critic.ppo_mini_batch_size=16 is not divisible by the deprecated "
-            "critic.ppo_micro_batch_size=3; verl's validate_config stops here"
+            "critic.ppo_mini_batch_size=16 is not divisible by the deprecated critic.ppo_micro_batch_size=3;"
+            " verl 0.9.1 stops here in CriticConfig.__post_init__"
         ),
         "critic.ppo_micro_batch_size=null critic.ppo_micro_batch_size_per_gpu=4 (valid: 1, 2, 4, 8)",
     ),
@@ -287,9 +288,9 @@ CASES = [
         "verl-loss-agg-mode",
         ["actor_rollout_ref.actor.loss_agg_mode=foo"],
         (
-            "actor_rollout_ref.actor.loss_agg_mode=foo is not a loss aggregation mode verl knows "
-            "(token-mean, token-sum, seq-mean-token-sum, seq-mean-token-mean, seq-mean-token-sum-norm); "
-            "verl's validate_config stops here"
+            "actor_rollout_ref.actor.loss_agg_mode=foo is not a loss aggregation mode verl 0.9.1 knows "
+            "(token-mean, token-sum, seq-mean-token-sum, seq-mean-token-mean, seq-mean-token-sum-norm); verl"
+            " 0.9.1 stops here in ActorConfig.__post_init__"
         ),
         (
             "actor_rollout_ref.actor.loss_agg_mode=token-mean (or token-sum, seq-mean-token-sum, "
@@ -300,8 +301,8 @@ CASES = [
         "verl-val-temperature",
         ["actor_rollout_ref.rollout.val_kwargs.do_sample=true", "actor_rollout_ref.rollout.temperature=0"],
         (
-            "actor_rollout_ref.rollout.val_kwargs.do_sample=true needs "
-            "actor_rollout_ref.rollout.temperature > 0, but it is 0; verl's validate_config stops here"
+            "actor_rollout_ref.rollout.val_kwargs.do_sample=true needs actor_rollout_ref.rollout.temperature"
+            " > 0, but it is 0; verl 0.9.1 stops here in validate_config"
         ),
         "actor_rollout_ref.rollout.temperature=1.0; or actor_rollout_ref.rollout.val_kwargs.do_sample=false",
     ),
@@ -309,8 +310,8 @@ CASES = [
         "verl-lora-rank",
         ["actor_rollout_ref.model.lora_rank=1024"],
         (
-            "actor_rollout_ref.model.lora_rank=1024 is above vLLM's largest LoRA rank 512; verl's "
-            "validate_config stops here"
+            "actor_rollout_ref.model.lora_rank=1024 is above vLLM's largest LoRA rank 512; verl 0.9.1 stops "
+            "here in validate_config"
         ),
         "actor_rollout_ref.model.lora_rank=512 (or 256)",
     ),
@@ -322,9 +323,9 @@ CASES = [
             "algorithm.rollout_correction.bypass_mode=true",
         ],
         (
-            "actor_rollout_ref.actor.megatron.router_replay.mode=R2 records routes while recomputing "
-            "old log-probs, which algorithm.rollout_correction.bypass_mode=true skips; verl's "
-            "validate_config stops here"
+            "actor_rollout_ref.actor.megatron.router_replay.mode=R2 records routes while recomputing old "
+            "log-probs, which algorithm.rollout_correction.bypass_mode=true skips; verl 0.9.1 stops here in "
+            "_validate_router_replay_config"
         ),
         (
             "algorithm.rollout_correction.bypass_mode=false; or "
@@ -335,8 +336,8 @@ CASES = [
         "verl-strategy",
         ["actor_rollout_ref.actor.fsdp_config.strategy=megatron"],
         (
-            "actor_rollout_ref.actor.fsdp_config.strategy=megatron does not fit model_engine=dp (expects fsdp, "
-            "fsdp2, fsdp_turbo); verl's validate_config stops here"
+            "actor_rollout_ref.actor.fsdp_config.strategy=megatron does not fit model_engine=dp (expects "
+            "fsdp, fsdp2, fsdp_turbo); verl 0.9.1 stops here"
         ),
         "actor_rollout_ref.actor.fsdp_config.strategy=fsdp (or fsdp2, fsdp_turbo); or model_engine=megatron",
     ),
@@ -345,7 +346,7 @@ CASES = [
         ["model_engine=megatron", "actor_rollout_ref.actor.megatron.dtype=float32"],
         (
             "actor_rollout_ref.actor.megatron.dtype=float32 is not supported by Megatron (bfloat16, "
-            "float16); verl's validate_config stops here"
+            "float16); verl 0.9.1 stops here in McoreEngineConfig.__post_init__"
         ),
         "actor_rollout_ref.actor.megatron.dtype=bfloat16 (or float16)",
     ),
@@ -371,8 +372,8 @@ CASES = [
         "verl-trainer-mode",
         ["trainer.v1.trainer_mode=foo"],
         (
-            "trainer.v1.trainer_mode=foo is not a V1 trainer mode (sync, colocate_async, "
-            "separate_async); verl looks it up inside Ray"
+            "trainer.v1.trainer_mode=foo is not a V1 trainer mode (sync, colocate_async, separate_async); "
+            "verl 0.9.1 looks it up inside Ray"
         ),
         "trainer.v1.trainer_mode=sync (or colocate_async, separate_async)",
     ),
@@ -385,8 +386,8 @@ CASES = [
             "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl",
         ],
         (
-            "data.train_batch_size=64 is not divisible by "
-            "trainer.v1.separate_async.parameter_sync_step=3; verl stops at the first training step"
+            "data.train_batch_size=64 is not divisible by trainer.v1.separate_async.parameter_sync_step=3; "
+            "verl 0.9.1 stops at the first training step"
         ),
         (
             "data.train_batch_size=63 (or 66); or trainer.v1.separate_async.parameter_sync_step=2 "
@@ -403,7 +404,7 @@ CASES = [
         ],
         (
             "data.train_batch_size=64 must equal parameter_sync_step 2 × ppo_mini_batch_size 16 = 32 in "
-            "separate_async mode; verl stops when the trainer starts"
+            "separate_async mode; verl 0.9.1 stops when the trainer starts"
         ),
         (
             "data.train_batch_size=32; or actor_rollout_ref.actor.ppo_mini_batch_size=32; or "
@@ -419,7 +420,7 @@ CASES = [
         ],
         (
             "actor_rollout_ref.rollout.nnodes=0: separate_async runs the rollout on its own pool, which "
-            "needs nnodes > 0; verl stops when the trainer starts"
+            "needs nnodes > 0; verl 0.9.1 stops when the trainer starts"
         ),
         "actor_rollout_ref.rollout.nnodes=1",
     ),
@@ -427,8 +428,8 @@ CASES = [
         "batch-gen-batch-size",
         ["data.gen_batch_size=48"],
         (
-            "data.train_batch_size=64 is not a multiple of data.gen_batch_size=48: verl fetches prompts "
-            "in whole gen_batch_size chunks; verl stops at the first training step"
+            "data.train_batch_size=64 is not a multiple of data.gen_batch_size=48: verl fetches prompts in "
+            "whole gen_batch_size chunks; verl 0.9.1 stops at the first training step"
         ),
         "data.gen_batch_size=32 (valid: 1, 2, 4, 8, 16, 32, 64); or data.train_batch_size=48 (or 96)",
     ),
@@ -436,9 +437,9 @@ CASES = [
         "batch-v0-agent-chunks",
         ["trainer.use_v1=false", "actor_rollout_ref.rollout.agent.num_workers=3"],
         (
-            "actor_rollout_ref.rollout.agent.num_workers=3 does not divide the 256 sequences per step "
-            "(= train_batch_size 64 × rollout.n 4) that the legacy trainer splits over its agent "
-            "workers; verl stops at the first training step"
+            "actor_rollout_ref.rollout.agent.num_workers=3 does not divide the 256 sequences per step (= "
+            "train_batch_size 64 × rollout.n 4) that the legacy trainer splits over its agent workers; verl "
+            "0.9.1 stops at the first training step"
         ),
         (
             "actor_rollout_ref.rollout.agent.num_workers=2 (valid: 1, 2, 4, 8, 16, 32, 64, 128, 256); "
@@ -449,8 +450,8 @@ CASES = [
         "layout-megatron-gpus",
         ["model_engine=megatron", "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=3"],
         (
-            "the 8 GPUs are not divisible by the actor's tensor × pipeline × context parallel = 3 × 1 × "
-            "1 = 3; verl stops before training"
+            "the 8 GPUs are not divisible by the actor's tensor × pipeline × context parallel = 3 × 1 × 1 = "
+            "3; verl 0.9.1 stops before training"
         ),
         "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2 (valid: 1, 2, 4, 8)",
     ),
@@ -465,7 +466,7 @@ CASES = [
         (
             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16 splits the 16 sequences per "
             "data-parallel rank of the actor update pass into 1 micro batches, not a multiple of the "
-            "virtual-pipeline group size 2; verl only finds out at the first training step"
+            "virtual-pipeline group size 2; verl 0.9.1 only finds out at the first training step"
         ),
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8 (valid: 1, 2, 4, 8)",
     ),
@@ -473,7 +474,7 @@ CASES = [
         "layout-ulysses-gpus",
         ["actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size=3"],
         (
-            "actor Ulysses sequence parallel size 3 does not divide the 8 GPUs; verl only finds out "
+            "actor Ulysses sequence parallel size 3 does not divide the 8 GPUs; verl 0.9.1 only finds out "
             "when the workers build the models"
         ),
         "actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size=2 (valid: 1, 2, 4, 8)",
@@ -486,8 +487,8 @@ CASES = [
         ],
         (
             "actor Ulysses sequence parallel size 8 does not fit Qwen/Qwen2.5-7B-Instruct: 28 attention "
-            "heads and 4 KV heads (from bundled table (Qwen/Qwen2.5-7B-Instruct)) must each divide by "
-            "it (KV heads may instead divide it); verl only finds out when the workers build the models"
+            "heads and 4 KV heads (from bundled table (Qwen/Qwen2.5-7B-Instruct)) must each divide by it (KV"
+            " heads may instead divide it); verl 0.9.1 only finds out when the workers build the models"
         ),
         "actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size=4 (valid: 1, 2, 4)",
     ),
@@ -510,9 +511,8 @@ CASES = [
             "actor_rollout_ref.model.use_remove_padding=false",
         ],
         (
-            "actor Ulysses sequence parallel size 2 needs "
-            "actor_rollout_ref.model.use_remove_padding=true, but it is false; verl stops in "
-            "validate_config (actor) or when the workers start"
+            "actor Ulysses sequence parallel size 2 needs actor_rollout_ref.model.use_remove_padding=true, "
+            "but it is false; verl 0.9.1 stops here in FSDPActorConfig.validate (or when the workers start)"
         ),
         (
             "actor_rollout_ref.model.use_remove_padding=true; or "
@@ -523,8 +523,8 @@ CASES = [
         "layout-rollout-world",
         ["actor_rollout_ref.rollout.tensor_model_parallel_size=3"],
         (
-            "rollout tensor × data × pipeline parallel = 3 × 1 × 1 = 3 GPUs per replica does not divide "
-            "the 8 GPUs of the trainer pool; verl only finds out after the actor is loaded on the GPUs"
+            "rollout tensor × data × pipeline parallel = 3 × 1 × 1 = 3 GPUs per replica does not divide the "
+            "8 GPUs of the trainer pool; verl 0.9.1 only finds out after the actor is loaded on the GPUs"
         ),
         "actor_rollout_ref.rollout.tensor_model_parallel_size=2 (valid: 1, 2, 4, 8)",
     ),
@@ -532,9 +532,9 @@ CASES = [
         "layout-rollout-nodes",
         ["trainer.nnodes=3", "actor_rollout_ref.rollout.tensor_model_parallel_size=12"],
         (
-            "rollout tensor × data × pipeline parallel = 12 × 1 × 1 = 12 GPUs per replica spans nodes "
-            "of 8 GPUs unevenly (12 is not a multiple of 8); verl only finds out when it starts the "
-            "rollout replicas"
+            "rollout tensor × data × pipeline parallel = 12 × 1 × 1 = 12 GPUs per replica spans nodes of 8 "
+            "GPUs unevenly (12 is not a multiple of 8); verl 0.9.1 only finds out when it starts the rollout"
+            " replicas"
         ),
         "actor_rollout_ref.rollout.tensor_model_parallel_size=8 (valid: 1, 2, 4, 8)",
     ),
@@ -547,7 +547,7 @@ CASES = [
         ],
         (
             "actor_rollout_ref.rollout.tensor_model_parallel_size=3 does not divide the 8 GPUs a vLLM "
-            "data-parallel replica has per node; verl only finds out when it starts the rollout "
+            "data-parallel replica has per node; verl 0.9.1 only finds out when it starts the rollout "
             "replicas"
         ),
         "actor_rollout_ref.rollout.tensor_model_parallel_size=2 (valid: 1, 2, 4, 8)",
@@ -557,7 +557,7 @@ CASES = [
         ["actor_rollout_ref.rollout.pipeline_model_parallel_size=2"],
         (
             "actor_rollout_ref.rollout.pipeline_model_parallel_size=2: rollout vllm does not implement "
-            "pipeline parallel; verl only finds out after the actor is loaded on the GPUs"
+            "pipeline parallel; verl 0.9.1 only finds out after the actor is loaded on the GPUs"
         ),
         "actor_rollout_ref.rollout.pipeline_model_parallel_size=1",
     ),
@@ -565,8 +565,8 @@ CASES = [
         "layout-rollout-ep",
         ["actor_rollout_ref.rollout.expert_parallel_size=4"],
         (
-            "actor_rollout_ref.rollout.expert_parallel_size=4 must equal rollout tensor × data parallel "
-            "= 2 × 1 = 2; verl only finds out after the actor is loaded on the GPUs"
+            "actor_rollout_ref.rollout.expert_parallel_size=4 must equal rollout tensor × data parallel = 2 "
+            "× 1 = 2; verl 0.9.1 only finds out after the actor is loaded on the GPUs"
         ),
         "actor_rollout_ref.rollout.expert_parallel_size=2 (or 1)",
     ),
@@ -578,7 +578,7 @@ CASES = [
         ],
         (
             "actor_rollout_ref.rollout.max_model_len=100000 exceeds Qwen/Qwen2.5-7B-Instruct's "
-            "max_position_embeddings 32768 (from bundled table (Qwen/Qwen2.5-7B-Instruct)); verl only "
+            "max_position_embeddings 32768 (from bundled table (Qwen/Qwen2.5-7B-Instruct)); verl 0.9.1 only "
             "finds out when it starts the rollout replicas"
         ),
         "actor_rollout_ref.rollout.max_model_len=32768",
@@ -587,8 +587,8 @@ CASES = [
         "layout-reward-pool",
         ["reward.reward_model.enable_resource_pool=true", "reward.reward_model.n_gpus_per_node=0"],
         (
-            "reward.reward_model.n_gpus_per_node=0: reward.reward_model.enable_resource_pool=true needs "
-            "its own GPU pool, so n_gpus_per_node must be > 0; verl only finds out when it builds the "
+            "reward.reward_model.n_gpus_per_node=0: reward.reward_model.enable_resource_pool=true needs its "
+            "own GPU pool, so n_gpus_per_node must be > 0; verl 0.9.1 only finds out when it builds the "
             "resource pools"
         ),
         "reward.reward_model.n_gpus_per_node=8",
@@ -597,7 +597,7 @@ CASES = [
         "layout-teacher-pool",
         ["distillation.enabled=true"],
         (
-            "distillation.nnodes=0: distillation needs its own GPU pool, so nnodes must be > 0; verl "
+            "distillation.nnodes=0: distillation needs its own GPU pool, so nnodes must be > 0; verl 0.9.1 "
             "only finds out when it builds the resource pools"
         ),
         "distillation.nnodes=1",
@@ -606,8 +606,8 @@ CASES = [
         "layout-gpus-available",
         ["trainer.nnodes=5"],
         (
-            "the run asks Ray for 40 GPUs (trainer and extra pools) but the machines have 32 (4 × 8); "
-            "verl only finds out when it builds the resource pools"
+            "the run asks Ray for 40 GPUs (trainer and extra pools) but the machines have 32 (4 × 8); verl "
+            "0.9.1 only finds out when it builds the resource pools"
         ),
         "trainer.nnodes=4; or trainer.n_gpus_per_node=6",
     ),

@@ -103,6 +103,26 @@ def test_redact_finds_a_secret_in_its_json_and_shell_spellings() -> None:
     assert redact("12345678", {"PIN_KEY": "12345678"}) == "12345678"  # digits only: not looked for
 
 
+@pytest.mark.parametrize(
+    "placeholder", ["TO_BE_FILLED", "<your-wandb-key>", "YOUR_API_KEY", "xxxxxxxx", "changeme"]
+)
+def test_a_placeholder_in_place_of_a_key_is_not_hidden(
+    cli: Callable[..., CliResult], tmp_path: Path, placeholder: str
+) -> None:
+    """A shipped script often uses one placeholder for the key and for values to fill in: those stay readable."""
+    assert (
+        redact(f"trainer.nnodes={placeholder}", {"WANDB_API_KEY": placeholder})
+        == f"trainer.nnodes={placeholder}"
+    )
+    script = tmp_path / "run.sh"
+    script.write_text(
+        f"export WANDB_API_KEY={placeholder}\npython3 -m verl.trainer.main_ppo "
+        f"trainer.experiment_name='{placeholder}'\n"
+    )
+    result = cli("audit", str(script), "--format", "json")
+    assert placeholder in result.out and "oc.env:WANDB_API_KEY" not in result.out
+
+
 def test_forwarding_by_glob_or_default_never_picks_a_secret() -> None:
     env = {"HF_TOKEN": "x" * 10, "HF_HOME": "/h", "NCCL_DEBUG": "INFO", "MY_KEY": "k" * 10, "OTHER": "o"}
     default = choose_forwarding(env, None)

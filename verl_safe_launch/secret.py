@@ -7,7 +7,9 @@ The values of such variables in this process's environment, and those a launch s
 the script is read), are replaced by ``${oc.env:NAME}`` wherever they would be written or printed: the
 interpolation that reads the value back from the environment, so a YAML file or a command line keeps working
 where the variable is set, and records the secret by its name only. A value shorter than ``MIN_LENGTH`` or made
-of digits only is not looked for: it would match ordinary numbers and words.
+of digits only is not looked for: it would match ordinary numbers and words. Nor is a placeholder a script ships
+in place of its key (``TO_BE_FILLED``, ``<your-key>``, ``YOUR_WANDB_KEY``): capitals and underscores only, or
+angle brackets, or "your"/"xxxx"/"changeme"; a script often uses the same placeholder for other values.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ NOT_SECRETS = frozenset({"TOKENIZERS_PARALLELISM"})
 """Names holding a secret word that are settings everyone shares."""
 LOCATION_SUFFIXES = ("_PATH", "_FILE", "_DIR")
 MIN_LENGTH = 6
+_PLACEHOLDER = re.compile(r"[A-Z_\-]+|<[^<>]*>|(?i:.*(your|xxxx|changeme|placeholder).*)")
 
 _REGISTERED: dict[str, str] = {}
 """Secret values met in inputs (a script's ``export HF_TOKEN=...``), value → name."""
@@ -39,7 +42,7 @@ def is_secret_name(name: str) -> bool:
 
 def worth_hiding(value: str) -> bool:
     """A value long and specific enough to look for in text."""
-    return len(value) >= MIN_LENGTH and not value.isdigit()
+    return len(value) >= MIN_LENGTH and not value.isdigit() and _PLACEHOLDER.fullmatch(value) is None
 
 
 def register(name: str, value: str) -> None:

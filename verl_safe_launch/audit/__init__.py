@@ -38,6 +38,8 @@ from verl_safe_launch.audit.migrate import (
     render_yaml,
     yaml_scalar,
 )
+from verl_safe_launch.audit.older import group_older_keys
+from verl_safe_launch.audit.overrides import refused_whatever_the_value
 from verl_safe_launch.audit.parallel import ACTOR_SP, CRITIC_SP, GPUS_KEYS, REF_SP, Layout, read_layout
 from verl_safe_launch.audit.project import (
     lone_group,
@@ -134,6 +136,8 @@ __all__ = [
     "generate_moves",
     "generated_moves",
     "global_size",
+    "group_estimators",
+    "group_older_keys",
     "history",
     "history_json",
     "hydra_literal",
@@ -152,6 +156,7 @@ __all__ = [
     "project_keys",
     "qualify",
     "read_layout",
+    "refused_whatever_the_value",
     "release_defaults",
     "render_yaml",
     "runs_read",

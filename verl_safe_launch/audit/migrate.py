@@ -11,7 +11,7 @@ from pathlib import Path
 from verl_safe_launch.compose import Composed, config_groups
 from verl_safe_launch.config_view import nest
 from verl_safe_launch.errors import InputError
-from verl_safe_launch.inputs import parse_yaml
+from verl_safe_launch.inputs import PRIMARY_CONFIG, parse_yaml
 from verl_safe_launch.provenance import Layer, Source, Write
 from verl_safe_launch.shell import ScriptLaunch, override_key
 
@@ -48,7 +48,7 @@ ENV_VARS = "ray_kwargs.ray_init.runtime_env.env_vars"
 
 def plan_migration(launch: ScriptLaunch, composed: Composed, output: Path) -> Migration:
     """Split a composed launch into YAML entries and command-line tokens, with notes on what was left out."""
-    cli = [t.text for t in launch.tokens if _stays_on_cli(t.text)]
+    cli = [*_config_name(launch), *(t.text for t in launch.tokens if _stays_on_cli(t.text))]
     deleted = {t.text.lstrip("~").partition("=")[0] for t in launch.tokens if t.text.startswith("~")}
     entries: dict[str, Entry] = {}
     machine = {(n.line, override_key(n.raw)) for n in launch.notes if n.kind == "machine"}
@@ -72,6 +72,14 @@ def plan_migration(launch: ScriptLaunch, composed: Composed, output: Path) -> Mi
     cli += [f"{e.key}={hydra_literal(e.value)}" for e in moved]
     notes = _notes(launch, composed)
     return Migration(launch.path, launch.line, output, tuple(kept), launch.config_files, tuple(cli), notes)
+
+
+def _config_name(launch: ScriptLaunch) -> list[str]:
+    """The launch's verl config, if not ``ppo_trainer``: the group choices of a deprecated alias, else its name."""
+    if launch.config_name == PRIMARY_CONFIG:
+        return []
+    alias = next((n.detail for n in launch.notes if n.kind == "deprecated-config"), None)
+    return alias.split() if alias else [f"--config-name={launch.config_name}"]
 
 
 def _key_and_parents(key: str) -> list[str]:

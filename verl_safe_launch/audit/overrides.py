@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
-import difflib
 import itertools
 import shlex
+from dataclasses import replace
 
 from verl_safe_launch.audit.aliases import covered
 from verl_safe_launch.audit.history import last_release_with
 from verl_safe_launch.audit.lookalike import code_points, lookalike
 from verl_safe_launch.audit.table import SCHEMA, AuditContext, audit_rule, finding, position, short
 from verl_safe_launch.audit.upgrade import current_key, moves_after
-from verl_safe_launch.compose import Rejected, config_groups
+from verl_safe_launch.compose import Composed, Rejected, config_groups
 from verl_safe_launch.config_view import format_value
 from verl_safe_launch.findings import Finding, Rule, Severity
-from verl_safe_launch.inputs import OverrideToken, dataclass_field_names, names_read_with_get, verl_release
+from verl_safe_launch.inputs import (
+    OverrideToken,
+    dataclass_field_names,
+    did_you_mean,
+    names_read_with_get,
+    verl_release,
+)
 from verl_safe_launch.provenance import LAYER_TITLES, Layer, Source, Write
 
 _USER_LAYERS = (Layer.FILE, Layer.SCRIPT, Layer.CLI)
@@ -143,6 +149,27 @@ def unknown_keys(ctx: AuditContext) -> list[Finding]:
     return [_rejected(ctx, r) for r in ctx.composed.rejected]
 
 
+def refused_whatever_the_value(
+    composed: Composed, written: dict[tuple[int | None, str], str]
+) -> list[Finding]:
+    """Overrides whose value was not read (``key=$X``) but whose key Hydra refuses anyway.
+
+    ``composed`` holds each of them as ``key=null`` (its source's line and raw text: ``written``, the key
+    mapped to the override as written); the refusal does not depend on the value.
+    """
+    ctx = AuditContext.build(composed)
+    out: list[Finding] = []
+    for rejected in composed.rejected:
+        source = rejected.token.source
+        shown = written.get((source.line, source.raw or ""))
+        if shown is None:
+            continue
+        token = replace(rejected.token, text=shown)
+        found = _rejected(ctx, replace(rejected, token=token))
+        out.append(replace(found, message=f"{found.message}, whatever the value"))
+    return out
+
+
 def _rejected(ctx: AuditContext, rejected: Rejected) -> Finding:
     token, key = rejected.token, rejected.key
     value = token.text.partition("=")[2]
@@ -191,19 +218,6 @@ def _suggest(ctx: AuditContext, key: str, value: str) -> str:
         prefix = "+" if close in ctx.facts.dc_only else ""
         return f"did you mean {close}? {prefix}{close}={value}"
     return f"remove it, or create it with ++{key}={value} if your own code reads it"
-
-
-def did_you_mean(key: str, known: list[str]) -> str | None:
-    """The closest known key: a sibling with a similar name, else a similar path in the same top-level section."""
-    parent, _, leaf = key.rpartition(".")
-    siblings = {k.rpartition(".")[2]: k for k in known if k.rpartition(".")[0] == parent}
-    close = difflib.get_close_matches(leaf, list(siblings), n=1, cutoff=0.7)
-    if close:
-        return siblings[close[0]]
-    section = key.split(".", 1)[0] + "."
-    same = [k for k in known if k.startswith(section) and not k.endswith("._target_")]
-    matches = difflib.get_close_matches(key, same or list(known), n=1, cutoff=0.8)
-    return matches[0] if matches else None
 
 
 @audit_rule(
@@ -283,7 +297,8 @@ BUILT_BY_VALIDATE = ("actor_rollout_ref.actor", "critic")
 def _not_a_field(key: str, leaf: str, target: str, write: Write) -> Finding:
     owner = target.rpartition(".")[2]
     early = any(key.startswith(section + ".") for section in BUILT_BY_VALIDATE)
-    when = "verl's validate_config fails" if early else "verl fails if a worker builds this config"
+    name = verl_release().name
+    when = f"{name}'s validate_config fails" if early else f"{name} fails if a worker builds this config"
     message = (
         f"{key}: {owner} has no field '{leaf}', so {when}: "
         f"{owner}.__init__() got an unexpected keyword argument '{leaf}'"

@@ -46,6 +46,8 @@ _NOTE_RULES: dict[str, tuple[str, Severity, str]] = {
     ),
     "hydra-option": ("script-hydra-option", Severity.INFO, "not audited: {raw} is a {detail}"),
     "config": ("script-config", Severity.INFO, "not audited: {raw}: {detail}"),
+    "config-missing": ("script-config", Severity.ERROR, "{raw}: {detail}"),
+    "config-path": ("script-config", Severity.INFO, "{raw}: {detail}"),
     "conditional": ("script-conditional", Severity.INFO, "line {line}: {detail}; it is audited as written"),
     "sourced": ("script-sourced", Severity.INFO, "line {line} runs {raw}; {detail}"),
     "crlf": ("script-crlf", Severity.ERROR, "{detail} (first at line {line})"),
@@ -71,6 +73,8 @@ def _note_finding(launch: ScriptLaunch, note: ScriptNote) -> Finding:
 def _note_fix(launch: ScriptLaunch, note: ScriptNote) -> str:
     if note.kind == "deprecated-config":
         return f"replace --config-path/--config-name with the override {note.detail}"
+    if note.kind == "config-missing":
+        return "name a config file that exists (--config-path DIR --config-name NAME, NAME.yaml in DIR)"
     if note.kind == "crlf":
         return f"convert it to Unix line endings: sed -i 's/\\r$//' {shlex.quote(launch.path)}"
     if note.kind in ("unresolved", "maybe"):

@@ -227,6 +227,8 @@ def _type_problem(value: object, spec: TypeSpec) -> Severity | None:
     if spec.kind == "int":
         if isinstance(value, int) and not isinstance(value, bool):
             return None if abs(value) <= MAX_INT64 else Severity.ERROR
+        if isinstance(value, bool) and spec.origin == "verl's default":
+            return Severity.WARNING  # no dataclass types it: Python takes a bool as 0 or 1
         lenient = (
             isinstance(value, float)
             and math.isfinite(value)
@@ -342,7 +344,7 @@ def missing_required(ctx: AuditContext) -> list[Finding]:
         if not is_missing(value):
             continue
         gate = REQUIRED_WHEN.get(key)
-        if gate is not None and not ctx.view.get(gate):
+        if (gate is not None and not ctx.view.get(gate)) or _switched_off(ctx, key):
             continue
         message = (
             f"{key} has no value: {verl_release().name} leaves it mandatory ('???') and fails when it is read"
@@ -352,6 +354,12 @@ def missing_required(ctx: AuditContext) -> list[Finding]:
         writes = [Write(key, value, prov.source)] if prov else []
         findings.append(finding("missing-required", Severity.ERROR, (key,), message, fix, writes))
     return findings
+
+
+def _switched_off(ctx: AuditContext, key: str) -> bool:
+    """True when a section above ``key`` has ``enable: false``: verl reads nothing below it."""
+    parts = key.split(".")
+    return any(ctx.view.get(".".join([*parts[:cut], "enable"])) is False for cut in range(1, len(parts)))
 
 
 @audit_rule("engine-mismatch", "a strategy that needs another model_engine than the one composed")
@@ -374,7 +382,7 @@ def engine_mismatches(ctx: AuditContext) -> list[Finding]:
         )
         message = (
             f"{key}={value} needs model_engine={needed}, but this run composes model_engine={engine}, whose "
-            f"config has no {value} settings; verl 0.9.1 fails {failure}"
+            f"config has no {value} settings; {verl_release().name} fails {failure}"
         )
         fix = f"model_engine={needed} (it sets {key} itself; drop {key}={value})"
         findings.append(

@@ -59,6 +59,12 @@ class Unread:
                     return part
         return None
 
+    def without(self, part: ScriptNote | None) -> Unread:
+        """The same, with ``part`` read (its key refused whatever its value)."""
+        return (
+            self if part is None else Unread(tuple(p for p in self.parts if p is not part), self.last_write)
+        )
+
     def pinned(self, key: str, part: ScriptNote) -> bool:
         """True when an override of ``key`` comes after ``part`` (Hydra keeps the last value)."""
         return self.last_write.get(key, -1) >= part.position
@@ -127,7 +133,7 @@ def qualify(
         if finding.severity is Severity.INFO:
             out.append(finding)
             continue
-        part = unread.changes(finding, structural)
+        part = unread.without(_own_part(finding, unread)).changes(finding, structural)
         if part is structural and part is not None and _refused_everywhere(finding, part, unread, everywhere):
             part = None
         if part is not None and (held := _holds_unless(finding, part, unread, launch)) is not None:
@@ -135,6 +141,17 @@ def qualify(
             continue
         out.append(finding if part is None else cannot_verify(finding, part, launch))
     return [*out, *_emptied(launch)]
+
+
+def _own_part(finding: Finding, unread: Unread) -> ScriptNote | None:
+    """The unread ``key=$X`` a refusal is about: Hydra refuses its key whatever the value, so it changes nothing."""
+    if finding.rule_id not in REFUSALS:
+        return None
+    for _key, _value, source in finding.sources:
+        for part in unread.parts:
+            if part.kind == "unresolved" and (part.line, part.raw) == (source.line, source.raw):
+                return part
+    return None
 
 
 def _refused_everywhere(

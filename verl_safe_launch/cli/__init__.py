@@ -124,6 +124,8 @@ def _take_verl_option(args: list[str]) -> list[str]:
 
     from verl_safe_launch.inputs import choose_verl
 
+    choose_verl(None, scope="project")  # each command chooses afresh (main() may run several in one process)
+    choose_verl(None)
     for index, arg in enumerate(args):
         if arg == "--":
             break

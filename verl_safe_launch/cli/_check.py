@@ -7,7 +7,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from verl_safe_launch.cli._common import add_compose_args, add_verbose_arg, make_parser, parse, print_json
+from verl_safe_launch.cli._common import (
+    add_compose_args,
+    add_config_name_args,
+    add_verbose_arg,
+    make_parser,
+    parse,
+    print_json,
+    use_verl_of_project,
+    with_config_name,
+)
 from verl_safe_launch.compose import Composed
 from verl_safe_launch.errors import EXIT_OK, EXIT_PREFLIGHT, UsageError
 from verl_safe_launch.files import check_target, write_atomic
@@ -38,6 +47,7 @@ def main(args: Sequence[str], offset: int) -> int:
         EXAMPLES,
     )
     add_compose_args(parser)
+    add_config_name_args(parser)
     parser.add_argument(
         "--fit",
         action="store_true",
@@ -54,7 +64,10 @@ def main(args: Sequence[str], offset: int) -> int:
         if not ns.fit:
             raise UsageError("--write needs --fit", where="command line", fix="add --fit")
         check_target(target, force=ns.force, inputs=ns.config or (), where="--write")
-    preflight = run_preflight(compose_for_launch(request_from_args(ns, args, offset), fit=ns.fit))
+    use_verl_of_project(ns)
+    preflight = run_preflight(
+        compose_for_launch(with_config_name(ns, request_from_args(ns, args, offset)), fit=ns.fit)
+    )
     written = _write(target, preflight.composed, ok=preflight.ok, force=ns.force, inputs=ns.config or ())
     if ns.format == "json":
         print_json(json_document({"written": written} if target else {}, preflight.findings))

@@ -6,19 +6,24 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
 from typing import Any, NoReturn
 
 from verl_safe_launch.backends import compose_allocation
 from verl_safe_launch.compose import Composed, require_accepted
 from verl_safe_launch.errors import UsageError
 from verl_safe_launch.inputs import (
+    ComposeRequest,
     HardwareProfile,
     OverrideToken,
     request_from_args,
 )
+from verl_safe_launch.preflight import use_project_verl
 from verl_safe_launch.presets import compose_for_launch
 from verl_safe_launch.provenance import Layer, Source
 from verl_safe_launch.render import json_text
+from verl_safe_launch.shell import choose_config
 
 
 class Parser(argparse.ArgumentParser):
@@ -59,6 +64,36 @@ def add_compose_args(parser: argparse.ArgumentParser, *, overrides: bool = True)
         )
 
 
+def add_config_name_args(parser: argparse.ArgumentParser) -> None:
+    """``--config-name`` and ``--config-path``, read as a launch's are (verl's own config by name by default)."""
+    parser.add_argument(
+        "--config-name",
+        metavar="NAME",
+        help="compose this config as the launch's --config-name does: one of verl's own (ppo_megatron_trainer in "
+        "0.5 to 0.7), or NAME.yaml in --config-path laid over the verl config its defaults name",
+    )
+    parser.add_argument(
+        "--config-path",
+        metavar="DIR",
+        help="the directory of --config-name (default: verl's own config directory)",
+    )
+
+
+def with_config_name(ns: argparse.Namespace, request: ComposeRequest) -> ComposeRequest:
+    """The request with the config ``--config-name``/``--config-path`` choose; one that cannot be read is refused."""
+    name, path = getattr(ns, "config_name", None), getattr(ns, "config_path", None)
+    if name is None and path is None:
+        return request
+    if path is not None and Path(path).expanduser().is_dir():
+        path = str(Path(path).expanduser().resolve())
+    choice = choose_config(name, path, None)
+    for kind, detail, unread in choice.notes:
+        if unread or kind == "config-missing":
+            raise UsageError(detail, where="--config-name/--config-path", fix="name a config that exists")
+    files = (*choice.files, *request.config_files)
+    return replace(request, config_name=choice.config_name, config_files=files, named_configs=choice.files)
+
+
 def add_verbose_arg(parser: argparse.ArgumentParser) -> None:
     """``--verbose``: list every info note instead of one summary line of them."""
     parser.add_argument(
@@ -83,7 +118,7 @@ def compose_from_args(ns: argparse.Namespace, args: Sequence[str], offset: int) 
     verb has it, lets its micro batches grow past the preset's values). Every override Hydra refuses is
     reported at once.
     """
-    request = request_from_args(ns, args, offset)
+    request = with_config_name(ns, request_from_args(ns, args, offset))
     return require_accepted(compose_for_launch(request, fit=bool(getattr(ns, "fit", False))))
 
 
@@ -107,7 +142,7 @@ def compose_for_allocation(
             ("--gpus-per-node", "gpus_per_node", ns.gpus_per_node),
         )
     ]
-    return compose_allocation(request_from_args(ns, args, offset), hardware, verb)
+    return compose_allocation(with_config_name(ns, request_from_args(ns, args, offset)), hardware, verb)
 
 
 def _option_token(args: Sequence[str], offset: int, flag: str, text: str) -> OverrideToken:
@@ -116,6 +151,13 @@ def _option_token(args: Sequence[str], offset: int, flag: str, text: str) -> Ove
     value = text.split("=", 1)[1]
     raw = f"{flag} {value}" if index is not None else f"{flag} {value}, the default"
     return OverrideToken(text, Source(Layer.CLI, arg_index=position, raw=raw))
+
+
+def use_verl_of_project(ns: argparse.Namespace) -> None:
+    """Check against the verl the project uses: the project of the first ``-c`` file, else of the working
+    directory (a copy vendored there or above, its pin), unless ``--verl`` names one."""
+    files = getattr(ns, "config", None) or []
+    use_project_verl(Path(files[0]) if files else None)
 
 
 def print_json(data: Any) -> None:

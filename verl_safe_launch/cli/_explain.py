@@ -7,7 +7,14 @@ import difflib
 import re
 from collections.abc import Sequence
 
-from verl_safe_launch.cli._common import add_compose_args, compose_from_args, make_parser, parse, print_json
+from verl_safe_launch.cli._common import (
+    add_compose_args,
+    add_config_name_args,
+    compose_from_args,
+    make_parser,
+    parse,
+    print_json,
+)
 from verl_safe_launch.errors import UsageError
 from verl_safe_launch.findings import Finding, Severity
 from verl_safe_launch.render import findings_json, json_document, render_finding
@@ -32,6 +39,7 @@ def main(args: Sequence[str], offset: int) -> int:
 
     parser = make_parser("explain", "Walk through the batch arithmetic of a config, step by step.", EXAMPLES)
     add_compose_args(parser)
+    add_config_name_args(parser)
     ns = parse(parser, args)
     composed = compose_from_args(ns, args, offset)
     view = composed.view

@@ -28,6 +28,7 @@ from verl_safe_launch.findings import has_errors
 from verl_safe_launch.inputs import (
     DETECT_ENV,
     GPU_KEYS,
+    PRIMARY_CONFIG,
     ComposeRequest,
     cli_tokens,
     detect_hardware,
@@ -153,9 +154,15 @@ def preflight_note(migration: Migration, output: Path, plan: JobMigration | None
     """The pre-flight of what was written (the YAML plus the printed command), as one line: for a job, the one
     the printed ``slurm`` command runs (its allocation, its --cpus-per-task)."""
     configs = (*migration.config_files, output)
+    flag = "--config-name="
+    names = [t.removeprefix(flag) for t in migration.cli_tokens if t.startswith(flag)]
+    config_name = names[0] if names else PRIMARY_CONFIG
     if plan is not None:
         request = ComposeRequest(
-            overrides=cli_tokens(migration.cli_tokens), config_files=configs, lenient=True
+            overrides=cli_tokens([t for t in migration.cli_tokens if not t.startswith(flag)]),
+            config_files=configs,
+            lenient=True,
+            config_name=config_name,
         )
         hardware = cli_tokens(
             [f"hardware.nodes={plan.nodes}", f"hardware.gpus_per_node={plan.gpus_per_node}"]
@@ -164,8 +171,11 @@ def preflight_note(migration: Migration, output: Path, plan: JobMigration | None
         findings, _ = allocation_findings(composed, profile, plan.cpus_per_task, plan.nodes)
         see = migration.command
     else:
-        verl_tokens, tool = split_tool_tokens(cli_tokens([*migration.cli_tokens, *migration.check_tokens]))
-        request = ComposeRequest(overrides=(*verl_tokens,), config_files=configs, lenient=True)
+        texts = [t for t in [*migration.cli_tokens, *migration.check_tokens] if not t.startswith(flag)]
+        verl_tokens, tool = split_tool_tokens(cli_tokens(texts))
+        request = ComposeRequest(
+            overrides=(*verl_tokens,), config_files=configs, lenient=True, config_name=config_name
+        )
         findings = list(
             run_preflight(compose(request), detect_hardware(tool, env={DETECT_ENV: "0"})).findings
         )

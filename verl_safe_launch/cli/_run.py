@@ -10,7 +10,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from verl_safe_launch.cli._common import add_compose_args, compose_from_args, make_parser, parse, print_json
+from verl_safe_launch.cli._common import (
+    add_compose_args,
+    add_config_name_args,
+    compose_from_args,
+    make_parser,
+    parse,
+    print_json,
+)
 from verl_safe_launch.errors import EXIT_LAUNCH, EXIT_OK, EXIT_PREFLIGHT, UsageError, VslError
 from verl_safe_launch.files import check_text
 from verl_safe_launch.findings import Finding
@@ -72,6 +79,7 @@ def main(args: Sequence[str], offset: int) -> int:
         help="run on the Ray cluster this process belongs to (RAY_ADDRESS, as in a Ray job); never start one",
     )
     add_compose_args(parser)
+    add_config_name_args(parser)
     ns = parse(parser, args)
     out = Outcome(ns.format == "json")
     try:

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from verl_safe_launch.cli._common import add_compose_args, compose_from_args, make_parser, parse, print_json
+from verl_safe_launch.cli._common import (
+    add_compose_args,
+    add_config_name_args,
+    compose_from_args,
+    make_parser,
+    parse,
+    print_json,
+    use_verl_of_project,
+)
 from verl_safe_launch.compose import Composed, resolution_findings
 from verl_safe_launch.config_view import ConfigView, format_value
 from verl_safe_launch.errors import ConfigError, UsageError, VslError, collect
@@ -27,7 +35,9 @@ def main(args: Sequence[str], offset: int) -> int:
     parser.add_argument("--origin", action="store_true", help="show where each value came from")
     parser.add_argument("--key", help="one key or subtree (dotted), with its full chain of values")
     add_compose_args(parser)
+    add_config_name_args(parser)
     ns = parse(parser, args)
+    use_verl_of_project(ns)
     composed = compose_from_args(ns, args, offset)
     view = composed.view
     keys = _selected(view, ns.key)

@@ -15,6 +15,7 @@ from pathlib import Path
 from verl_safe_launch.backends import allocation_findings, slurm
 from verl_safe_launch.cli._common import (
     add_compose_args,
+    add_config_name_args,
     compose_for_allocation,
     compose_from_args,
     make_parser,
@@ -115,6 +116,7 @@ def _parser() -> argparse.ArgumentParser:
     out.add_argument("--submit", action="store_true", help="submit it with sbatch and print the job id")
     out.add_argument("--force", action="store_true", help="overwrite JOB.sbatch and JOB.yaml")
     add_compose_args(parser)
+    add_config_name_args(parser)
     return parser
 
 
@@ -230,6 +232,7 @@ def _preflight(args: Sequence[str], offset: int) -> int:
 
     parser = make_parser("slurm preflight", "The pre-flight against the Slurm allocation.", IN_JOB_EXAMPLES)
     add_compose_args(parser)
+    add_config_name_args(parser)
     ns = parse(parser, args)
     composed = compose_from_args(ns, args, offset)
     profile = detect_hardware(composed.tool)

@@ -44,8 +44,10 @@ def config_overrides(overrides: Sequence[Any]) -> list[Any]:
     return list(Overrides(_loader().repository, list(overrides)).config_overrides)
 
 
-def compose_defaults(group_overrides: Sequence[Any]) -> tuple[Any, tuple[DefaultsEntry, ...]]:
-    """verl's config composed from ``ppo_trainer``'s defaults list under the group choices, and that list's files.
+def compose_defaults(
+    group_overrides: Sequence[Any], config_name: str = PRIMARY_CONFIG
+) -> tuple[Any, tuple[DefaultsEntry, ...]]:
+    """verl's config composed from ``config_name``'s defaults list under the group choices, and that list's files.
 
     Like Hydra, each composition reads the files through a caching repository of its own: Hydra's composition
     may edit the configs that repository caches (it merges schemas into them, merges their nodes without
@@ -59,7 +61,7 @@ def compose_defaults(group_overrides: Sequence[Any]) -> tuple[Any, tuple[Default
     repo = CachingConfigRepository(loader.repository)
     result = create_defaults_list(
         repo=repo,
-        config_name=PRIMARY_CONFIG,
+        config_name=config_name,
         overrides_list=list(group_overrides),
         prepend_hydra=False,
         skip_missing=False,

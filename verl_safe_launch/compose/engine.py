@@ -18,6 +18,7 @@ from verl_safe_launch.compose.layers import MAX_LAYER_KEYS, STRIPPED_FILE_KEYS, 
 from verl_safe_launch.config_view import ConfigView, flatten, format_value
 from verl_safe_launch.errors import ConfigError, InputError, UsageError, VslError, collect
 from verl_safe_launch.inputs import (
+    PRIMARY_CONFIG,
     ComposeRequest,
     OverrideToken,
     ToolSettings,
@@ -25,6 +26,7 @@ from verl_safe_launch.inputs import (
     cached_bytes,
     charge_verl_yaml,
     composition_budget,
+    did_you_mean,
     display_path,
     parse_override,
     read_yaml,
@@ -80,7 +82,7 @@ def _compose(request: ComposeRequest) -> Composed:
         )
     verl_tokens, tool = split_tool_tokens(request.overrides)
     parsed = [(parse_override(t), t) for t in verl_tokens]
-    base, config_overrides = _verl_base(parsed, verl_tokens)
+    base, config_overrides = _verl_base(parsed, verl_tokens, request.config_name)
     cfg = base.private_cfg()
     writes = list(base.writes)
     preset_name = request.preset or (tool.preset[0] if tool.preset else None)
@@ -125,19 +127,22 @@ _REFUSED: dict[tuple[str, ...], str] = {}
 
 
 def _verl_base(
-    parsed: list[tuple[Any, OverrideToken]], tokens: Sequence[OverrideToken]
+    parsed: list[tuple[Any, OverrideToken]],
+    tokens: Sequence[OverrideToken],
+    config_name: str = PRIMARY_CONFIG,
 ) -> tuple[_Base, list[tuple[Any, OverrideToken]]]:
-    """verl's defaults under the group choices among ``parsed`` (cached), and the overrides left to apply."""
+    """verl's defaults under ``config_name`` and the group choices among ``parsed`` (cached), and the overrides
+    left to apply."""
     from hydra.errors import HydraException
 
     try:
         config_ids = {id(o) for o in _hydra.config_overrides([o for o, _ in parsed])}
         groups = [o for o, _ in parsed if id(o) not in config_ids]
         _refuse_group_values([(o, t) for o, t in parsed if id(o) not in config_ids])
-        key = (str(verl_config_dir()), *(o.input_line for o in groups))
+        key = (str(verl_config_dir()), config_name, *(o.input_line for o in groups))
         if key not in _BASES and key not in _REFUSED:
             try:
-                _BASES[key] = _compose_verl(groups)
+                _BASES[key] = _compose_verl(groups, config_name)
             except (HydraException, ValueError) as exc:
                 _REFUSED[key] = str(exc)
         if key in _REFUSED:
@@ -146,9 +151,17 @@ def _verl_base(
         raise ConfigError(
             f"cannot compose verl's config: {str(exc).splitlines()[0]}",
             where=_token_mentioned(str(exc), tokens),
-            fix="check the config group override (e.g. model_engine=dp|megatron|veomni|torchtitan)",
+            fix=_group_fix(),
         ) from None
     return _BASES[key], [(o, t) for o, t in parsed if id(o) in config_ids]
+
+
+def _group_fix() -> str:
+    """Name the options this verl has for its model_engine group (none before 0.7)."""
+    options = sorted(p.stem for p in (verl_config_dir() / "model_engine").glob("*.yaml"))
+    if not options:
+        return "this verl has no model_engine group: choose the engine with its config (--config-name)"
+    return f"choose an option this verl has (model_engine={'|'.join(options)})"
 
 
 def _refuse_group_values(groups: list[tuple[Any, OverrideToken]]) -> None:
@@ -176,19 +189,20 @@ def _token_mentioned(message: str, tokens: Sequence[OverrideToken]) -> str | Non
     return None
 
 
-def _compose_verl(group_overrides: list[Any]) -> _Base:
+def _compose_verl(group_overrides: list[Any], config_name: str = PRIMARY_CONFIG) -> _Base:
     """verl's defaults under the group choices: from the on-disk cache of the verl in use, else composed."""
 
     def fresh() -> bytes:
-        return cached_defaults.to_bytes(*_compose_fresh(group_overrides))
+        return cached_defaults.to_bytes(*_compose_fresh(group_overrides, config_name))
 
-    name = cached_defaults.defaults_name([o.input_line for o in group_overrides])
+    named = [] if config_name == PRIMARY_CONFIG else [f"--config-name={config_name}"]
+    name = cached_defaults.defaults_name([*named, *(o.input_line for o in group_overrides)])
     cfg, writes = cached_defaults.from_bytes(cached_bytes(name, fresh))
     return _Base.of(cfg, writes)
 
 
-def _compose_fresh(group_overrides: list[Any]) -> tuple[Any, tuple[Write, ...]]:
-    cfg, entries = _hydra.compose_defaults(group_overrides)
+def _compose_fresh(group_overrides: list[Any], config_name: str) -> tuple[Any, tuple[Write, ...]]:
+    cfg, entries = _hydra.compose_defaults(group_overrides, config_name)
     with composition_budget():  # verl's files were counted (charge_verl_yaml): read again for their lines
         writes = _verl_writes(entries)
     return cfg, tuple(writes)
@@ -244,6 +258,14 @@ def require_accepted(composed: Composed) -> Composed:
         found = refusal(r.reason, r.key, r.token, composed.cfg)
         errors.append(found or UsageError(f"cannot apply override '{r.token.text}': {r.reason}"))
     raise collect(errors)
+
+
+def _did_you_mean(key: str, cfg: Any) -> str | None:
+    from omegaconf import OmegaConf
+
+    if cfg is None:
+        return None
+    return did_you_mean(key, flatten(OmegaConf.to_container(cfg, resolve=False)))  # type: ignore[arg-type]
 
 
 def _override_writes(override: Any, token: OverrideToken) -> list[Write]:

@@ -107,7 +107,7 @@ class Overlay:
         if tool.preset:
             raise _Fallback
         groups, plain = _split_groups(verl_tokens)
-        base = self._base(tuple(t.text for t in groups))
+        base = self._base(tuple(t.text for t in groups), request.config_name)
         state = _State(base, request.lenient)
         for token in plain:
             state.apply(token)
@@ -116,14 +116,17 @@ class Overlay:
             None, view, (*base.composed.writes, *state.writes), tool, verl_tokens, tuple(state.rejected)
         )
 
-    def _base(self, groups: tuple[str, ...]) -> _Base:
-        if groups not in self._bases:
+    def _base(self, groups: tuple[str, ...], config_name: str) -> _Base:
+        key = (config_name, *groups)
+        if key not in self._bases:
             try:
-                composed = compose(ComposeRequest(overrides=cli_tokens(list(groups))))
+                composed = compose(
+                    ComposeRequest(overrides=cli_tokens(list(groups)), config_name=config_name)
+                )
             except VslError:
                 raise _Fallback from None
-            self._bases[groups] = _index(composed)
-        return self._bases[groups]
+            self._bases[key] = _index(composed)
+        return self._bases[key]
 
 
 def _split_groups(tokens: Iterable[OverrideToken]) -> tuple[list[OverrideToken], list[OverrideToken]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from verl_safe_launch.inputs.architecture import from_config_dict, load_architecture, local_architectures
+from verl_safe_launch.inputs.config_reads import ConfigRead, config_reads
 from verl_safe_launch.inputs.engines import (
     engine_formats_json,
     engine_load_formats,
@@ -19,6 +20,7 @@ from verl_safe_launch.inputs.hardware import (
     hardware_fills,
     hardware_findings,
 )
+from verl_safe_launch.inputs.keynames import did_you_mean, is_typo, typo_of
 from verl_safe_launch.inputs.keytypes import (
     KeyFacts,
     TypeSpec,
@@ -50,6 +52,7 @@ from verl_safe_launch.inputs.overrides import (
     parse_override,
     split_tool_tokens,
 )
+from verl_safe_launch.inputs.pins import project_dirs
 from verl_safe_launch.inputs.profile import Fact, HardwareProfile, merge_profiles
 from verl_safe_launch.inputs.read_budget import MAX_VALUES, composition_budget
 from verl_safe_launch.inputs.registries import (
@@ -62,6 +65,7 @@ from verl_safe_launch.inputs.registries import (
 )
 from verl_safe_launch.inputs.release import TESTED, VerlRelease, describe_need, verl_release, version_tuple
 from verl_safe_launch.inputs.request import ComposeRequest, request_from_args
+from verl_safe_launch.inputs.verl_checks import PROBES, Site, verl_check, verl_checks
 from verl_safe_launch.inputs.verl_paths import (
     PRIMARY_CONFIG,
     VERL_ENV,
@@ -69,31 +73,47 @@ from verl_safe_launch.inputs.verl_paths import (
     chosen_verl,
     display_path,
     package_in,
+    user_verl,
     verl_cache,
     verl_config_dir,
     verl_origin,
     verl_package_dir,
+    verl_warning,
 )
 from verl_safe_launch.inputs.verl_values import charge_verl_yaml, verl_yaml_values
+from verl_safe_launch.inputs.which_verl import (
+    OFFLINE_ENV,
+    ProjectVerl,
+    VerlChoice,
+    fetch_command,
+    own_verl,
+    project_verl,
+)
 from verl_safe_launch.inputs.yamlfile import YamlDoc, YamlLeaf, parse_yaml, read_yaml
 
 __all__ = [
     "DETECT_ENV",
     "GPU_KEYS",
     "MAX_VALUES",
+    "OFFLINE_ENV",
     "PRIMARY_CONFIG",
+    "PROBES",
     "REGISTRIES",
     "TESTED",
     "VERL_ENV",
     "ComposeRequest",
+    "ConfigRead",
     "Fact",
     "HardwareProfile",
     "KeyFacts",
     "ModelFiles",
     "OverrideToken",
+    "ProjectVerl",
     "Registry",
+    "Site",
     "ToolSettings",
     "TypeSpec",
+    "VerlChoice",
     "VerlRelease",
     "YamlDoc",
     "YamlLeaf",
@@ -107,19 +127,23 @@ __all__ = [
     "chosen_verl",
     "cli_tokens",
     "composition_budget",
+    "config_reads",
     "count_of",
     "dataclass_field_names",
     "describe_need",
     "detect_hardware",
+    "did_you_mean",
     "display_path",
     "engine_formats_json",
     "engine_load_formats",
     "engine_version",
+    "fetch_command",
     "from_config_dict",
     "generate_model_files",
     "group_estimators",
     "hardware_fills",
     "hardware_findings",
+    "is_typo",
     "key_facts",
     "knowledge_dir",
     "load_architecture",
@@ -128,10 +152,13 @@ __all__ = [
     "missing_model_files",
     "model_files",
     "names_read_with_get",
+    "own_verl",
     "package_in",
     "parse_override",
     "parse_yaml",
     "pinned_by",
+    "project_dirs",
+    "project_verl",
     "read_engine_formats",
     "read_group_estimators",
     "read_registries",
@@ -141,13 +168,18 @@ __all__ = [
     "request_from_args",
     "slurm_mem_gib",
     "split_tool_tokens",
+    "typo_of",
+    "user_verl",
     "verl_cache",
+    "verl_check",
+    "verl_checks",
     "verl_config_dir",
     "verl_files",
     "verl_origin",
     "verl_package_dir",
     "verl_prefix",
     "verl_release",
+    "verl_warning",
     "verl_yaml_values",
     "version_tuple",
 ]

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from verl_safe_launch.inputs.schema import SchemaField, load_schema
-from verl_safe_launch.inputs.verl_paths import verl_cache, verl_package_dir
+from verl_safe_launch.inputs.verl_paths import verl_cache, verl_config_dir, verl_package_dir
 from verl_safe_launch.provenance import Layer, Write
 
 TARGET = "_target_"
@@ -112,8 +112,11 @@ def _facts(defaults: dict[str, object]) -> KeyFacts:
         if key.endswith(TARGET) and isinstance(target, str):
             facts.section(key[: -len(TARGET) - 1] if key != TARGET else "", target, 0)
     types = facts.types
+    numbers = float_leaves() | {key.rpartition(".")[2] for key, v in defaults.items() if isinstance(v, float)}
     for key, value in defaults.items():
         if key not in types and key not in facts.unchecked and (spec := _value_type(value)):
+            if spec.kind == "int" and key.rpartition(".")[2] in numbers:
+                spec = TypeSpec("float", False, spec.origin)  # verl writes the same leaf as a float elsewhere
             types[key] = spec
     mandatory = tuple(k for k, v in defaults.items() if v == "???")
     open_nodes = frozenset({*facts.open_nodes, *PASSED_THROUGH})
@@ -189,6 +192,22 @@ def dataclass_field_names(target: str) -> tuple[str, ...]:
 def dataclass_fields(target: str) -> dict[str, SchemaField]:
     """Fields of a verl config dataclass named by its ``_target_``, inherited ones included (from the schema)."""
     return dict(load_schema().get(target, {}))
+
+
+@verl_cache
+def float_leaves() -> frozenset[str]:
+    """Leaf names verl's own YAML files give a float somewhere (``top_p: 1.0``): a number, never only an int."""
+    from verl_safe_launch.errors import InputError
+    from verl_safe_launch.inputs.yamlfile import read_yaml
+
+    names: set[str] = set()
+    for path in sorted(verl_config_dir().rglob("*.yaml")):
+        try:
+            leaves = read_yaml(path, expand_dots=False).leaves
+        except InputError:  # a file verl's Hydra would refuse is no evidence either way
+            continue
+        names.update(leaf.key.rpartition(".")[2] for leaf in leaves if isinstance(leaf.value, float))
+    return frozenset(names)
 
 
 @verl_cache

@@ -8,6 +8,7 @@ which ones fill which registry. Nothing of verl is imported.
 from __future__ import annotations
 
 import ast
+import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,6 +75,7 @@ REGISTRIES: tuple[Registry, ...] = (
         ("actor_rollout_ref.rollout.name",),
         tables=("verl.workers.rollout.base:_ROLLOUT_REGISTRY",),
         calls=("verl.workers.rollout.replica:RolloutReplicaRegistry.register",),
+        compared=("rollout.name", "rollout_name"),
     ),
     Registry(
         "agent loop",
@@ -146,11 +148,14 @@ def _resolve(name: str, module: str, imports: dict[str, str]) -> str:
     return imports.get(name, f"{module}:{name}")
 
 
-def _names_in(tree: ast.Module, module: str, is_package: bool, registry: Registry) -> set[str]:
-    """The names one file registers in ``registry``."""
+def _names_in(
+    tree: ast.Module, module: str, is_package: bool, registry: Registry
+) -> tuple[set[str], set[str]]:
+    """The names one file registers in ``registry``, and the names it compares before the lookup."""
     imports = _imported(tree, module, is_package)
     enums = _enum_members(tree)
     found: set[str] = set()
+    compared: set[str] = set()
     for wanted in registry.enums:
         want_module, _, cls = wanted.partition(":")
         if module == want_module:
@@ -170,27 +175,36 @@ def _names_in(tree: ast.Module, module: str, is_package: bool, registry: Registr
                 if name is not None:
                     found.add(name)
         if isinstance(node, ast.Compare) and _compares(node, registry.compared):
-            found.update(t for c in node.comparators if (t := _text(c, enums)))
+            compared.update(t for c in node.comparators if (t := _text(c, enums)))
         if isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict):
             for target in node.targets:
                 if isinstance(target, ast.Name) and f"{module}:{target.id}" in registry.tables:
                     found.update(t for k in node.value.keys if k is not None and (t := _text(k, enums)))
-    return found
+    return found, compared
 
 
 def _compares(node: ast.Compare, attributes: tuple[str, ...]) -> bool:
-    """``x.loss_mode == "..."``: an equality test of one of ``attributes``."""
+    """``x.loss_mode == "..."``, ``self.config.rollout.name == "hf"``, ``rollout_name == "hf"``: an equality test
+    of a name or attribute chain that ends with one of ``attributes`` (dotted for a chain)."""
+    parts: list[str] = []
     left = node.left
+    while isinstance(left, ast.Attribute):
+        parts.insert(0, left.attr)
+        left = left.value
+    if isinstance(left, ast.Name):
+        parts.insert(0, left.id)
+    chain = ".".join(parts)
     return (
-        isinstance(left, ast.Attribute)
-        and left.attr in attributes
+        bool(parts)
         and all(isinstance(op, ast.Eq) for op in node.ops)
+        and any(chain == attr or chain.endswith("." + attr) for attr in attributes)
     )
 
 
 def read_registries(root: Path) -> dict[str, list[str]]:
     """Registry name → every name the verl package under ``root`` registers (an empty list: it has none)."""
     names: dict[str, set[str]] = {r.name: set() for r in REGISTRIES}
+    compared: dict[str, set[str]] = {r.name: set() for r in REGISTRIES}
     for directory, dirs, files in os.walk(root / "verl"):
         dirs[:] = sorted(d for d in dirs if d not in ("__pycache__", "tests"))
         for file in sorted(f for f in files if f.endswith(".py")):
@@ -205,15 +219,19 @@ def read_registries(root: Path) -> dict[str, list[str]]:
             except SyntaxError:
                 continue
             for registry in wanted:
-                names[registry.name] |= _names_in(tree, module, file == "__init__.py", registry)
-    return {name: sorted(found) for name, found in names.items()}
+                found, tested = _names_in(tree, module, file == "__init__.py", registry)
+                names[registry.name] |= found
+                compared[registry.name] |= tested
+    # Names compared before the lookup complete a registry, never make one: alone they may be a few of many.
+    return {name: sorted(found | compared[name]) if found else [] for name, found in names.items()}
 
 
 @verl_cache
 def registered_names() -> dict[str, frozenset[str]]:
     """Registry name → the names the verl in use registers (cached on disk per release)."""
     root = verl_package_dir().parent
-    data = cached_fact("registries", lambda: read_registries(root))
+    digest = hashlib.sha256(repr(REGISTRIES).encode()).hexdigest()[:12]  # a new table reads the names again
+    data = cached_fact(f"registries-{digest}", lambda: read_registries(root))
     return {name: frozenset(found) for name, found in data.items()}
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from verl_safe_launch.inputs.overrides import OverrideToken, cli_tokens
+from verl_safe_launch.inputs.verl_paths import PRIMARY_CONFIG
 from verl_safe_launch.provenance import Write
 
 
@@ -30,6 +31,9 @@ class ComposeRequest:
     named_configs: tuple[Path, ...] = ()
     """Config files (a script's own ``--config-name``) whose ``defaults`` list the reader already turned into
     group choices: composed as user layers without refusing their ``defaults:``."""
+    config_name: str = PRIMARY_CONFIG
+    """The config of verl's own config directory that Hydra composes first (``--config-name``, or the verl config
+    a user config file names in its ``defaults``): ``ppo_trainer``, ``ppo_megatron_trainer``..."""
 
 
 def override_positions(args: Sequence[str], overrides: Sequence[str], offset: int) -> list[int]:

@@ -18,6 +18,7 @@ VERL_ENV = "VSL_VERL"
 F = TypeVar("F", bound=Callable[..., Any])
 _CACHED: list[Any] = []
 _CHOSEN: dict[str, tuple[Path, str]] = {}
+_WARNINGS: dict[str, str] = {}
 
 
 def verl_cache(fn: F) -> F:
@@ -35,12 +36,19 @@ def package_in(directory: Path) -> Path | None:
     return None
 
 
-def choose_verl(directory: Path | None, origin: str = "--verl", scope: str = "user") -> None:
+def choose_verl(
+    directory: Path | None, origin: str = "--verl", scope: str = "user", warning: str | None = None
+) -> None:
     """Make ``directory``'s verl the one every later check reads (``None``: forget the choice of ``scope``).
 
-    ``scope`` is ``user`` (``--verl``) or ``script`` (a copy one launch script imports); a script's wins.
+    ``scope`` is ``user`` (``--verl``) or ``project`` (the copy a script's or a directory's project uses: vendored,
+    pinned); the user's wins. ``warning`` says what was passed over on the way (a vendored copy that cannot be
+    read, a pinned release that could not be fetched); it is shown with the verl chosen.
     """
     _CHOSEN.pop(scope, None)
+    _WARNINGS.pop(scope, None)
+    if warning:
+        _WARNINGS[scope] = warning
     if directory is not None:
         package = package_in(directory)
         if package is None:
@@ -61,10 +69,19 @@ def chosen_verl(scope: str) -> tuple[Path, str] | None:
 
 @verl_cache
 def verl_origin() -> tuple[Path, str]:
-    """The verl package in use and how it was found (``installed``, ``--verl``, ``PYTHONPATH``...)."""
-    for scope in ("script", "user"):
-        if scope in _CHOSEN:
-            return _CHOSEN[scope]
+    """The verl package in use and how it was found: the user's choice, the project's, else the installed one."""
+    return user_verl() or _CHOSEN.get("project") or installed_verl()
+
+
+def verl_warning() -> str | None:
+    """What was passed over while choosing the project's verl (None: nothing, or the user named one)."""
+    return None if user_verl() else _WARNINGS.get("project")
+
+
+def user_verl() -> tuple[Path, str] | None:
+    """The verl the user named: ``--verl DIR``, else ``VSL_VERL`` (None: neither)."""
+    if "user" in _CHOSEN:
+        return _CHOSEN["user"]
     if os.environ.get(VERL_ENV):
         package = package_in(Path(os.environ[VERL_ENV]).expanduser())
         if package is None:
@@ -74,6 +91,11 @@ def verl_origin() -> tuple[Path, str]:
                 fix=f"point {VERL_ENV} at a directory that holds verl/__init__.py, or unset it",
             )
         return package, VERL_ENV
+    return None
+
+
+def installed_verl() -> tuple[Path, str]:
+    """The ``verl`` that ``python`` would import here, found without importing it."""
     spec = importlib.util.find_spec("verl")
     if spec is None or spec.origin is None:
         raise ConfigError(

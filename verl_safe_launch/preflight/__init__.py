@@ -9,14 +9,11 @@ from verl_safe_launch.preflight.fitfile import FittedFile, fitted_file
 from verl_safe_launch.preflight.pipeline import Preflight, launch_preflight, rule_context, run_preflight
 from verl_safe_launch.preflight.recheck import rechecked
 from verl_safe_launch.preflight.release import (
-    ProjectVerl,
     header_json,
     header_lines,
-    project_verl,
     safe_header_json,
     unjudged,
-    use_vendored_verl,
-    vendored_verl,
+    use_project_verl,
 )
 from verl_safe_launch.preflight.scripts import Auditor, JobLint, LaunchAudit, ScriptAudit, TraceOptions
 from verl_safe_launch.preflight.tree import Found, find_scripts, skip_reason
@@ -40,7 +37,6 @@ __all__ = [
     "LaunchAudit",
     "OldRun",
     "Preflight",
-    "ProjectVerl",
     "ScriptAudit",
     "TraceOptions",
     "UpgradeReport",
@@ -52,7 +48,6 @@ __all__ = [
     "header_lines",
     "launch_preflight",
     "old_run_of",
-    "project_verl",
     "rechecked",
     "rule_catalog",
     "rule_context",
@@ -63,8 +58,7 @@ __all__ = [
     "unjudged",
     "unreadable_keys",
     "upgrade_launch",
-    "use_vendored_verl",
-    "vendored_verl",
+    "use_project_verl",
     "verify_advice",
     "verl_validation",
 ]

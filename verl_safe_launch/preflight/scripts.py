@@ -3,6 +3,7 @@ bash really ran under ``--trace``), judged by what was read."""
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -13,13 +14,15 @@ from verl_safe_launch.audit import (
     across_worlds,
     audit,
     deciding_parts,
+    group_older_keys,
     qualify,
+    refused_whatever_the_value,
     script_findings,
     settle_command,
 )
-from verl_safe_launch.compose import Overlay, model_engines
+from verl_safe_launch.compose import Overlay, config_groups, model_engines
 from verl_safe_launch.config_view import ConfigView
-from verl_safe_launch.errors import InputError, VslError
+from verl_safe_launch.errors import ConfigError, InputError, VslError
 from verl_safe_launch.findings import Finding, Severity, verdict
 from verl_safe_launch.inputs import (
     DETECT_ENV,
@@ -29,9 +32,10 @@ from verl_safe_launch.inputs import (
     merge_profiles,
     split_tool_tokens,
     verl_package_dir,
+    verl_release,
 )
 from verl_safe_launch.preflight.pipeline import run_preflight
-from verl_safe_launch.preflight.release import header_lines, use_vendored_verl
+from verl_safe_launch.preflight.release import header_lines, use_project_verl
 from verl_safe_launch.preflight.tree import skip_reason
 from verl_safe_launch.provenance import Layer, Source
 from verl_safe_launch.shell import (
@@ -150,7 +154,7 @@ class Auditor:
         """Read the verl this script's launches import (a vendored copy, when it has one); the header for it."""
         before = verl_package_dir()
         exports = [(e.name, e.value) for e in launches[0].exports] if launches else []
-        use_vendored_verl(path, exports)
+        use_project_verl(path, exports)
         if verl_package_dir() != before:
             self.overlay = Overlay()
         return tuple(header_lines())
@@ -184,17 +188,24 @@ class Auditor:
             findings, unread = across_worlds(readings, settle)
             return LaunchAudit(launch, tuple(findings), unread, settle if unread else None)
         passthrough = self.passthrough if launch.passthrough and self.trace is None else ()
-        composed = self.overlay.compose(launch.request(passthrough))
+        try:
+            composed = self.overlay.compose(launch.request(passthrough))
+        except ConfigError as exc:
+            if not exc.what.startswith(GROUP_REFUSED):
+                raise
+            return LaunchAudit(launch, (_group_refused(launch, exc),))
         view, read = composed.view.recording()  # which values the checks read: what an unread part can decide
         composed = replace(composed, view=view)
         pre = run_preflight(composed, hardware or self.hardware)
-        findings = [*pre.findings, *script_findings(launch)]
+        findings = [*pre.findings, *script_findings(launch), *self._unread_values(launch, passthrough)]
         if job is not None and self.job_findings is not None:
             findings += self.job_findings(job, composed.view)
         if self.passthrough and launch.passthrough is None and self.trace is None:
             findings.append(_unused_passthrough(launch))
         everywhere = _Everywhere(self.overlay, launch, passthrough)
         qualified = qualify(findings, launch, everywhere)
+        texts = [t.text for t in launch.request(passthrough).overrides]
+        qualified = group_older_keys(qualified, texts, verl_release(), launch.path)
         parts = deciding_parts(launch, qualified, read)
         return LaunchAudit(
             launch, tuple(qualified), len(parts), self._settle(launch, parts) if parts else None
@@ -203,6 +214,32 @@ class Auditor:
     def _settle(self, launch: ScriptLaunch, parts: list[ScriptNote] | tuple[()]) -> str | None:
         """The command that reads what this launch left unread (with the arguments given after ``--``)."""
         return settle_command(launch, parts, tuple(token.text for token in self.passthrough))
+
+    def _unread_values(self, launch: ScriptLaunch, passthrough: tuple[OverrideToken, ...]) -> list[Finding]:
+        """``key=$X`` whose value is not read: its key is still one Hydra refuses or not, whatever the value."""
+        written: dict[tuple[int | None, str], str] = {}
+        probes: list[OverrideToken] = []
+        for note in launch.notes:
+            if note.kind != "unresolved" or not note.supplies or len(note.supplies) != 1:
+                continue
+            if note.supplies[0].split(".")[0] in config_groups() or "/" in note.supplies[0]:
+                continue  # a config-group choice: its value decides which keys exist
+            prefix = note.raw.strip("'\"")[
+                : len(note.raw.strip("'\"")) - len(note.raw.strip("'\"").lstrip("+"))
+            ]
+            source = Source(Layer.SCRIPT, launch.path, note.line, raw=note.raw)
+            probes.append(OverrideToken(f"{prefix}{note.supplies[0]}=null", source))
+            shown = note.raw.strip("'\"")
+            key = note.supplies[0]
+            written[(note.line, note.raw)] = (
+                shown if shown.lstrip("+").startswith(f"{key}=") else f"{key}=..."
+            )
+        if not probes:
+            return []
+        base = launch.request(passthrough)
+        return refused_whatever_the_value(
+            self.overlay.compose(replace(base, overrides=(*base.overrides, *probes))), written
+        )
 
 
 class _Everywhere:
@@ -225,6 +262,23 @@ class _Everywhere:
         request = replace(base, overrides=(*base.overrides, choice))
         findings = audit(self.overlay.compose(request))
         return {(f.rule_id, f.keys) for f in findings if f.severity is Severity.ERROR}
+
+
+GROUP_REFUSED = "cannot compose verl's config"
+
+
+def _group_refused(launch: ScriptLaunch, exc: ConfigError) -> Finding:
+    """A config-group choice the verl in use does not have (``model_engine=megatron`` on 0.7): Hydra refuses the
+    launch before verl starts, a NO-GO of this launch, not an unreadable script."""
+    group = re.search(r"Could not find '([^/']+)/", exc.what)
+    key = group.group(1) if group else "--config-name"
+    message = (
+        f"{exc.what.removeprefix(GROUP_REFUSED + ': ')}: {verl_release().name}'s Hydra refuses the launch"
+    )
+    token = next((t for t in launch.tokens if t.text.partition("=")[0].lstrip("+~") == key), None)
+    source = token.source if token is not None else Source(Layer.SCRIPT, launch.path, launch.line)
+    value = token.text.partition("=")[2] if token is not None else None
+    return Finding("unknown-key", Severity.ERROR, (key,), message, exc.fix, ((key, value, source),))
 
 
 def _unused_passthrough(launch: ScriptLaunch) -> Finding:

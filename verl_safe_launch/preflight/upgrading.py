@@ -40,9 +40,8 @@ from verl_safe_launch.audit import (
 from verl_safe_launch.compose import Composed, compose
 from verl_safe_launch.config_view import format_value
 from verl_safe_launch.errors import UsageError
-from verl_safe_launch.inputs import OverrideToken, read_version
+from verl_safe_launch.inputs import OverrideToken, own_verl, read_version
 from verl_safe_launch.preflight.advice import verify_advice
-from verl_safe_launch.preflight.release import project_verl, shown_path
 from verl_safe_launch.shell import ScriptLaunch, override_key
 
 
@@ -83,12 +82,20 @@ class OldRun:
     fork_keys: tuple[str, ...] = ()
 
 
+def _shown(path: Path) -> str:
+    """A path as the report shows it: relative to the working directory when it lies below it."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
 def old_run_of(wanted: str, path: Path, launch: ScriptLaunch, installed: Mapping[str, object]) -> OldRun:
     """``--from`` when given; else the project's vendored copy (its own defaults) or pin; else the release the
     launch's keys fit, or a usage error naming the releases that fit when they do not pin one down."""
     if wanted != "auto":
         return OldRun(release_defaults(wanted, f"--from {wanted}"), f"--from {wanted}", (wanted, wanted))
-    found = project_verl(path, [(e.name, e.value) for e in launch.exports])
+    found = own_verl(path, [(e.name, e.value) for e in launch.exports])
     if found is not None and found.package is not None:
         old = project_defaults(found.package, read_version(found.package), found.how)
         return OldRun(old, old.why, (old.series, old.series))
@@ -161,7 +168,7 @@ def _kept(
         _, key, _ = token_key(token.text)
         origin = (token.source.raw or "").partition(":")[0]
         value = view.get(key)
-        where = f"{shown_path(old.file) if old.file else ''}:{token.source.line}"
+        where = f"{_shown(old.file) if old.file else ''}:{token.source.line}"
         said = f"the project's verl sets {origin}: {format_value(value)} ({where}); upstream verl {old.series} has "
         said += format_value(old.upstream[origin]) if origin in old.upstream else "no such key"
         refusal = runtime_refusal(key, value, view)
@@ -203,7 +210,7 @@ def _gone(tokens: Sequence[OverrideToken], installed: Mapping[str, object], old:
         last = next((s for s in reversed(RELEASES) if origin in history(RELEASES[s])), None)
         had = f"upstream verl had it up to {last}" if last else "no upstream release has it"
         detail = (
-            f"the project's verl sets {origin}={value} ({shown_path(old.file) if old.file else ''}:"
+            f"the project's verl sets {origin}={value} ({_shown(old.file) if old.file else ''}:"
             f"{token.source.line}); verl 0.9.1 has no such key "
             f"({had}): whatever it did is not carried over"
         )
@@ -221,7 +228,7 @@ def _fork_notes(
     if own:
         shown = ", ".join(own[:6]) + (f" and {len(own) - 6} more" if len(own) > 6 else "")
         detail = (
-            f"the project's verl ({shown_path(old.file) if old.file else ''}) has {len(own)} "
+            f"the project's verl ({_shown(old.file) if old.file else ''}) has {len(own)} "
             f"{'key' if len(own) == 1 else 'keys'} of its own that the launch leaves at their "
             f"defaults ({shown}); verl 0.9.1 reads none of them: whatever they did is the project's code to carry"
         )

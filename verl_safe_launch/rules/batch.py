@@ -7,9 +7,11 @@ from collections.abc import Callable
 from verl_safe_launch.config_view import ARR, ConfigView, ref_in_actor
 from verl_safe_launch.context import RuleContext
 from verl_safe_launch.findings import Rule
+from verl_safe_launch.inputs import verl_check, verl_release
 from verl_safe_launch.rules.fixes import KeyFix, divisor_fix, set_fix
-from verl_safe_launch.rules.kit import Draft, check, kv, not_positive, plan, skipped
+from verl_safe_launch.rules.kit import Draft, check, kv, late, not_positive, plan, skipped, stops
 from verl_safe_launch.rules.plan import (
+    ACTOR_DYNAMIC,
     ACTOR_MICRO,
     ACTOR_MINI,
     CRITIC_DYNAMIC,
@@ -29,8 +31,6 @@ from verl_safe_launch.rules.plan import (
     varying,
 )
 
-STOPS = "verl's validate_config stops here"
-LATE = "verl only finds out at the first training step"
 SIZES = (TRAIN_BATCH, ROLLOUT_N, GPUS_PER_NODE, NNODES)
 
 
@@ -122,11 +122,14 @@ def unmodelled(layout: RoleLayout) -> list[Draft]:
 @check(
     "batch-train-divisible-gpus",
     "train_batch_size × rollout.n divisible by the GPU count (verl, not Megatron)",
+    needs=("code:train-batch-divisible",),
 )
 def train_divisible(ctx: RuleContext) -> list[Draft]:
     """validate_config: ``real_train_batch_size must be divisible by minimal possible batch size``."""
     view, p = ctx.view, plan(ctx)
-    if p.dynamic or view.get(f"{ARR}.actor.strategy") == "megatron":
+    if (p.dynamic and not checked_when_dynamic("train-batch-divisible")) or view.get(
+        f"{ARR}.actor.strategy"
+    ) == "megatron":
         return []
     if skip := not_positive(view, SIZES):
         return skip
@@ -134,7 +137,7 @@ def train_divisible(ctx: RuleContext) -> list[Draft]:
         return []
     msg = (
         f"{kv(view, TRAIN_BATCH)} × rollout.n {p.n} = {p.trajectories} sequences per step is not divisible by "
-        f"the {p.gpus} GPUs (= n_gpus_per_node {p.gpus_per_node} × nnodes {p.nnodes}); {STOPS}"
+        f"the {p.gpus} GPUs (= n_gpus_per_node {p.gpus_per_node} × nnodes {p.nnodes}); {stops('train-batch-divisible')}"
     )
 
     def ok(q: BatchPlan) -> bool:
@@ -149,19 +152,26 @@ def megatron_minimal(q: BatchPlan) -> int | None:
 
 
 @check(
-    "batch-megatron-train-divisible", "Megatron: train_batch_size × n divisible by dp × micro batch (verl)"
+    "batch-megatron-train-divisible",
+    "Megatron: train_batch_size × n divisible by dp × micro batch (verl)",
+    needs=("code:megatron-minimal-batch",),
 )
 def megatron_train_divisible(ctx: RuleContext) -> list[Draft]:
     """validate_config's Megatron branch of the same check."""
     view, p = ctx.view, plan(ctx)
-    if p.dynamic or view.get(f"{ARR}.actor.strategy") != "megatron":
+    if view.get(f"{ARR}.actor.strategy") != "megatron":
         return []
+    if p.dynamic:
+        if not checked_when_dynamic("megatron-minimal-batch"):
+            return []
+        if view.get(ACTOR_MICRO) is None:
+            return [_no_micro_for_minimal(view)]
     minimal = megatron_minimal(p)
     if p.trajectories is None or minimal is None or divides(p.trajectories, minimal):
         return []
     msg = (
         f"{kv(view, TRAIN_BATCH)} × rollout.n {p.n} = {p.trajectories} sequences per step is not divisible by "
-        f"{dp_text(p.actor)} × {ACTOR_MICRO.rsplit('.', 1)[1]} {p.micro} = {minimal}; {STOPS}"
+        f"{dp_text(p.actor)} × {ACTOR_MICRO.rsplit('.', 1)[1]} {p.micro} = {minimal}; {stops('megatron-minimal-batch')}"
     )
 
     def ok(q: BatchPlan) -> bool:
@@ -178,22 +188,47 @@ def megatron_train_divisible(ctx: RuleContext) -> list[Draft]:
     ]
 
 
+def checked_when_dynamic(check_name: str) -> bool:
+    """True when the release makes the check also with ``use_dynamic_bsz=true`` (no ``if`` on it around it)."""
+    site = verl_check(check_name)
+    return site is not None and "use_dynamic_bsz" not in site.guards
+
+
+def _no_micro_for_minimal(view: ConfigView) -> Draft:
+    """Releases before 0.6 compute the Megatron minimal batch with the per-GPU micro batch even under dynamic
+    batch size: unset, it is ``None`` and the multiplication raises."""
+    msg = (
+        f"{ACTOR_MICRO} is not set, and {verl_release().name} multiplies it into the Megatron minimal batch even "
+        f"with {kv(view, ACTOR_DYNAMIC)}: a TypeError; {stops('megatron-minimal-batch')}"
+    )
+    return Draft((ACTOR_MICRO, ACTOR_DYNAMIC), msg, (set_fix(ACTOR_MICRO, 1),))
+
+
 def _mini_exceeds(view: ConfigView, mini_key: str, role: str) -> list[Draft]:
+    """Both keys fit (mini batch ≤ the step's batch), else the check of ``role``'s config that refuses it."""
     batch, mini = pos_int(view.get(TRAIN_BATCH)), pos_int(view.get(mini_key))
     if batch is None or mini is None or mini <= batch:
         return []
     msg = f"{kv(view, mini_key)} is larger than {kv(view, TRAIN_BATCH)}: the {role} mini batch cannot hold "
-    msg += f"more prompts than one step; {STOPS}"
+    msg += f"more prompts than one step; {stops(f'{role}-mini-le-train')}"
     return [Draft((mini_key, TRAIN_BATCH), msg, (set_fix(mini_key, batch), set_fix(TRAIN_BATCH, mini)))]
 
 
-@check("batch-mini-exceeds-train", "actor.ppo_mini_batch_size ≤ train_batch_size (verl)")
+@check(
+    "batch-mini-exceeds-train",
+    "actor.ppo_mini_batch_size ≤ train_batch_size (verl)",
+    needs=("code:actor-mini-le-train",),
+)
 def mini_exceeds(ctx: RuleContext) -> list[Draft]:
     """ActorConfig.validate: ``train_batch_size must be >= actor.ppo_mini_batch_size``."""
     return [] if plan(ctx).dynamic else _mini_exceeds(ctx.view, ACTOR_MINI, "actor")
 
 
-@check("batch-critic-mini-exceeds-train", "critic.ppo_mini_batch_size ≤ train_batch_size (verl)")
+@check(
+    "batch-critic-mini-exceeds-train",
+    "critic.ppo_mini_batch_size ≤ train_batch_size (verl)",
+    needs=("code:critic-mini-le-train",),
+)
 def critic_mini_exceeds(ctx: RuleContext) -> list[Draft]:
     """CriticConfig.validate: ``train_batch_size must be >= critic.ppo_mini_batch_size``."""
     if not plan(ctx).use_critic or ctx.view.get(CRITIC_DYNAMIC) is True:
@@ -210,7 +245,7 @@ def _mini_split(view: ConfigView, mini_key: str, layout: RoleLayout, mini_t: int
     n = view.get(ROLLOUT_N)
     msg = (
         f"{kv(view, mini_key)} × rollout.n {n} = {mini_t} trajectories per {layout.role} mini batch do not "
-        f"split evenly over {dp_text(layout)}; {LATE}"
+        f"split evenly over {dp_text(layout)}; {late()}"
     )
     role = layout.role
 
@@ -221,21 +256,33 @@ def _mini_split(view: ConfigView, mini_key: str, layout: RoleLayout, mini_t: int
     return [Draft((mini_key, ROLLOUT_N, *split_keys(layout)), msg, fixes, reads=layout_reads(layout))]
 
 
-@check("batch-mini-per-gpu", "actor mini batch × n divisible by the actor's data-parallel size")
+@check(
+    "batch-mini-per-gpu",
+    "actor mini batch × n divisible by the actor's data-parallel size",
+    needs=("code:mini-per-dp",),
+)
 def mini_per_gpu(ctx: RuleContext) -> list[Draft]:
     """TrainingWorker.train_mini_batch: ``Got mini_batch_size=... and get_data_parallel_size()=...``."""
     p = plan(ctx)
     return _mini_split(ctx.view, ACTOR_MINI, p.actor, p.mini_trajectories)
 
 
-@check("batch-critic-mini-per-gpu", "critic mini batch × n divisible by the critic's data-parallel size")
+@check(
+    "batch-critic-mini-per-gpu",
+    "critic mini batch × n divisible by the critic's data-parallel size",
+    needs=("code:mini-per-dp",),
+)
 def critic_mini_per_gpu(ctx: RuleContext) -> list[Draft]:
     """The same worker assertion for the critic, with the critic's own mini batch."""
     p = plan(ctx)
     return _mini_split(ctx.view, CRITIC_MINI, p.critic, p.critic_mini_trajectories) if p.use_critic else []
 
 
-@check("batch-micro-divides-mini", "actor micro batch per GPU divides the per-GPU mini batch")
+@check(
+    "batch-micro-divides-mini",
+    "actor micro batch per GPU divides the per-GPU mini batch",
+    needs=("code:micro-divides-mini",),
+)
 def micro_divides_mini(ctx: RuleContext) -> list[Draft]:
     """prepare_micro_batches: ``data size must be divisible by ... micro_batch_size_per_gpu``."""
     view, p = ctx.view, plan(ctx)
@@ -247,7 +294,7 @@ def micro_divides_mini(ctx: RuleContext) -> list[Draft]:
         return []
     msg = (
         f"{kv(view, ACTOR_MICRO)} does not divide the per-GPU mini batch {p.mini_per_gpu} (= ppo_mini_batch_size "
-        f"{p.mini} × rollout.n {p.n} / {dp_text(p.actor)}); {LATE}"
+        f"{p.mini} × rollout.n {p.n} / {dp_text(p.actor)}); {late()}"
     )
 
     def ok(q: BatchPlan) -> bool:
@@ -280,13 +327,13 @@ def _logprob(
     if skip := not_positive(view, (key,)):
         return skip
     if p.padded is not None and layout.dp and not divides(p.padded, layout.dp):
-        msg = f"the {stage} batch ({padded_text(p)}) does not split over {dp_text(layout)}; {LATE}"
+        msg = f"the {stage} batch ({padded_text(p)}) does not split over {dp_text(layout)}; {late()}"
         return [Draft((key, *split_keys(layout)), msg, reads=(*layout_reads(layout), *PAD_READS))]
     if rows is None or micro is None or divides(rows, micro):
         return []
     msg = (
         f"{kv(view, key)} does not divide the {rows} sequences each data-parallel rank scores in the {stage} pass "
-        f"(= {padded_text(p)} / {dp_text(layout)}); {LATE}"
+        f"(= {padded_text(p)} / {dp_text(layout)}); {late()}"
     )
     field = "logprob" if key == LOGPROB_MICRO else "ref"
 
@@ -301,6 +348,7 @@ def _logprob(
 @check(
     "batch-logprob-micro",
     "old log-prob micro batch per GPU divides the (padded) batch per data-parallel rank",
+    needs=("code:micro-divides-batch",),
 )
 def logprob_micro(ctx: RuleContext) -> list[Draft]:
     """compute_log_prob on the V1-padded batch (prepare_micro_batches, first training step)."""
@@ -311,7 +359,9 @@ def logprob_micro(ctx: RuleContext) -> list[Draft]:
 
 
 @check(
-    "batch-ref-logprob-micro", "reference log-prob micro batch per GPU divides the (padded) batch per rank"
+    "batch-ref-logprob-micro",
+    "reference log-prob micro batch per GPU divides the (padded) batch per rank",
+    needs=("code:micro-divides-batch",),
 )
 def ref_logprob_micro(ctx: RuleContext) -> list[Draft]:
     """compute_ref_log_prob on the V1-padded batch (first training step)."""
@@ -372,7 +422,7 @@ def _budget(view: ConfigView, p: BatchPlan, key: str, layout: RoleLayout, stage:
     shown = kv(view, key) if present else f"{key}={value} (verl's default)"
     msg = (
         f"{shown} × sequence split {split} = {value * split} tokens is less than the longest sequence {longest} "
-        f"(= max_prompt_length + max_response_length) in the {stage} pass; {LATE}"
+        f"(= max_prompt_length + max_response_length) in the {stage} pass; {late()}"
     )
     need = -(-longest // split)
     target = key if present else f"+{key}"

@@ -19,6 +19,7 @@ from verl_safe_launch.rules import (
     registry,
     reward,
     rollout,
+    verl_reads,
     verl_static,
 )
 
@@ -35,6 +36,7 @@ RULES: tuple[Rule[RuleContext], ...] = (
     *reward.RULES,
     *rollout.RULES,
     *verl_static.RULES,
+    *verl_reads.RULES,
 )
 
 

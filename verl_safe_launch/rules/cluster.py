@@ -5,6 +5,7 @@ from __future__ import annotations
 from verl_safe_launch.config_view import ConfigView
 from verl_safe_launch.context import RuleContext
 from verl_safe_launch.findings import Rule, Severity
+from verl_safe_launch.inputs import verl_release
 from verl_safe_launch.rules.fixes import KeyFix, set_fix
 from verl_safe_launch.rules.kit import Draft, check, kv, plan, skipped
 from verl_safe_launch.rules.plan import GPUS_PER_NODE, NNODES, V1, pos_int, product, uses_v1, varying
@@ -12,7 +13,13 @@ from verl_safe_launch.rules.resources import cpu_need, gpu_need
 
 RM = "reward.reward_model"
 DIST = "distillation"
-STARTS = "verl only finds out when it builds the resource pools"
+
+
+def starts() -> str:
+    """``verl 0.9.1 only finds out when it builds the resource pools``: the release judged, and when it finds out."""
+    return f"{verl_release().name} only finds out when it builds the resource pools"
+
+
 CPU_KEY = "ray_kwargs.ray_init.num_cpus"
 UNITS_KEY = "transfer_queue.backend.SimpleStorage.num_data_storage_units"
 
@@ -22,7 +29,7 @@ def _pool_sizes(view: ConfigView, prefix: str, what: str) -> list[Draft]:
     for name, fallback in (("n_gpus_per_node", view.get(GPUS_PER_NODE) or 8), ("nnodes", 1)):
         key = f"{prefix}.{name}"
         if pos_int(view.get(key)) is None:
-            msg = f"{kv(view, key)}: {what} needs its own GPU pool, so {name} must be > 0; {STARTS}"
+            msg = f"{kv(view, key)}: {what} needs its own GPU pool, so {name} must be > 0; {starts()}"
             drafts.append(Draft((key,), msg, (set_fix(key, fallback),)))
     return drafts
 
@@ -52,7 +59,9 @@ def reward_pool(ctx: RuleContext) -> list[Draft]:
     world, gpus = product(*(pos_int(view.get(k)) for k in layout)), reward_world(view, p.gpus)
     if world is None or gpus is None or gpus >= world:
         return drafts
-    msg = f"the reward model needs {world} GPUs per replica (tp × dp × pp) but its pool has {gpus}; {STARTS}"
+    msg = (
+        f"the reward model needs {world} GPUs per replica (tp × dp × pp) but its pool has {gpus}; {starts()}"
+    )
     return [Draft((*layout, f"{RM}.enable_resource_pool"), msg, (set_fix(layout[0], 1),))]
 
 
@@ -85,7 +94,7 @@ def teacher_pool(ctx: RuleContext) -> list[Draft]:
     if len(teachers) == 1:
         per = next(iter(teachers.values()))[1]
         if pool and per and pool % per:
-            msg = f"the teacher's {per} GPUs per replica (tp × dp × pp) do not divide the {pool}-GPU teacher pool; {STARTS}"
+            msg = f"the teacher's {per} GPUs per replica (tp × dp × pp) do not divide the {pool}-GPU teacher pool; {starts()}"
             return [Draft(keys, msg, (set_fix(keys[0], per),))]
         return []
     named = {name: layout for name, layout in teachers.items() if name != "teacher_model"}
@@ -103,7 +112,7 @@ def teacher_pool(ctx: RuleContext) -> list[Draft]:
         if used and used % gpn == 0
         else set_fix(keys[0], used, (f"{keys[1]}=1",))
     )
-    return [Draft(keys, f"{msg}; {STARTS}", (fix,))]
+    return [Draft(keys, f"{msg}; {starts()}", (fix,))]
 
 
 @check("layout-gpus-available", "the GPUs every pool asks for exist on the machines")
@@ -119,7 +128,7 @@ def gpus_available(ctx: RuleContext) -> list[Draft]:
     if need is None or need <= have:
         return []
     msg = f"the run asks Ray for {need} GPUs (trainer and extra pools) but the machines have {have} "
-    msg += f"({hw.nodes} × {hw.gpus_per_node}); {STARTS}"
+    msg += f"({hw.nodes} × {hw.gpus_per_node}); {starts()}"
     return [Draft(keys, msg, (_shrink(view, NNODES, have), _shrink(view, GPUS_PER_NODE, have)))]
 
 

@@ -10,6 +10,7 @@ from verl_safe_launch.config_view import ConfigView
 from verl_safe_launch.context import RuleContext
 from verl_safe_launch.files import kind_of
 from verl_safe_launch.findings import Rule, Severity
+from verl_safe_launch.inputs import verl_release
 from verl_safe_launch.rules.kit import Draft, check, kv
 
 FILE_KEYS = ("data.train_files", "data.val_files")
@@ -66,7 +67,8 @@ def files_missing(ctx: RuleContext) -> list[Draft]:
         here = ctx.hardware.on_this_machine
         where = "" if here else " on this machine (cannot verify where the job runs)"
         are = f"is {what} and does not exist" if len(missing) == 1 else "are local paths that do not exist"
-        msg = f"{_kv(ctx.view, key)}: {_listed(missing)} {are}{where}; verl fails when it loads the dataset"
+        msg = f"{_kv(ctx.view, key)}: {_listed(missing)} {are}{where}; "
+        msg += f"{verl_release().name} fails when it loads the dataset"
         fix = f"{key}=/path/to/your/{'train' if 'train' in key else 'test'}.parquet"
         # An error only where the GPUs were detected (the run happens here); elsewhere the file may exist where
         # the job runs. verl's own placeholder is a warning: set it, but it is not a choice you made.
@@ -159,7 +161,7 @@ def prompt_key_missing(ctx: RuleContext) -> list[Draft]:
                 continue
             msg = (
                 f"{kv(ctx.view, PROMPT_KEY)} is not a column of {key} '{path}' (columns: {', '.join(columns)}); "
-                "verl fails when it reads the first batch"
+                f"{verl_release().name} fails when it reads the first batch"
             )
             fixes = tuple(f"{PROMPT_KEY}={c}" for c in columns if "prompt" in c.lower()) or (
                 f"set {PROMPT_KEY} to one of the columns",

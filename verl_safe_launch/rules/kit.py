@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from verl_safe_launch.config_view import ConfigView, format_value
 from verl_safe_launch.context import RuleContext
 from verl_safe_launch.findings import Finding, Rule, Severity
+from verl_safe_launch.inputs import verl_check, verl_release
 from verl_safe_launch.provenance import Source
 from verl_safe_launch.rules.fixes import KeyFix, render_fix
 from verl_safe_launch.rules.plan import BatchPlan, batch_plan, pos_int
@@ -50,6 +51,18 @@ def check(
         return Rule(rule_id, description, severity, run, needs)
 
     return make
+
+
+def stops(check_name: str) -> str:
+    """``verl 0.8.0 stops here in ActorConfig.validate``: the release judged, and where its check is."""
+    site = verl_check(check_name)
+    where = f" in {site.function}" if site is not None and site.function else ""
+    return f"{verl_release().name} stops here{where}"
+
+
+def late() -> str:
+    """``verl 0.8.0 only finds out at the first training step``."""
+    return f"{verl_release().name} only finds out at the first training step"
 
 
 def sources(view: ConfigView, keys: Sequence[str]) -> tuple[tuple[str, object, Source], ...]:

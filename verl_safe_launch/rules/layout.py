@@ -7,8 +7,9 @@ from collections.abc import Iterator
 from verl_safe_launch.config_view import ARR, ConfigView, format_value
 from verl_safe_launch.context import Architecture, RuleContext
 from verl_safe_launch.findings import Rule
+from verl_safe_launch.inputs import verl_release
 from verl_safe_launch.rules.fixes import KeyFix, divisors, largest_first_at_most, set_fix
-from verl_safe_launch.rules.kit import Draft, check, kv, plan, skipped
+from verl_safe_launch.rules.kit import Draft, check, kv, plan, skipped, stops
 from verl_safe_launch.rules.mcore import megatron_tp_ok
 from verl_safe_launch.rules.plan import (
     ACTOR_MICRO,
@@ -23,8 +24,15 @@ from verl_safe_launch.rules.plan import (
     product,
 )
 
-INIT = "verl only finds out when the workers build the models"
-FIRST_STEP = "verl only finds out at the first training step"
+
+def init() -> str:
+    """``verl 0.9.1 only finds out when the workers build the models``: the release judged, and when it finds out."""
+    return f"{verl_release().name} only finds out when the workers build the models"
+
+
+def first_step() -> str:
+    """``verl 0.9.1 only finds out at the first training step``: the release judged, and when it finds out."""
+    return f"{verl_release().name} only finds out at the first training step"
 
 
 def used_roles(p: BatchPlan) -> Iterator[RoleLayout]:
@@ -74,7 +82,7 @@ def megatron_gpus(ctx: RuleContext) -> list[Draft]:
         if p.gpus % mp:
             msg = (
                 f"the {p.gpus} GPUs are not divisible by the {layout.role}'s tensor × pipeline × context parallel "
-                f"= {layout.tp} × {layout.pp} × {layout.cp} = {mp}; verl stops before training"
+                f"= {layout.tp} × {layout.pp} × {layout.cp} = {mp}; {verl_release().name} stops before training"
             )
             arch = ctx.critic_arch if layout.role == "critic" else ctx.actor_arch
             path = "critic.model.path" if layout.role == "critic" else f"{ARR}.model.path"
@@ -117,7 +125,7 @@ def _vpp_draft(
         return None
     msg = (
         f"{kv(view, key)} splits the {rows} sequences per data-parallel rank of the {stage} pass into {count} "
-        f"micro batches, not a multiple of the virtual-pipeline group size {group}; {FIRST_STEP}"
+        f"micro batches, not a multiple of the virtual-pipeline group size {group}; {first_step()}"
     )
     valid = [d for d in divisors(rows) if (rows // d) % group == 0]
     fix = KeyFix(key, tuple(largest_first_at_most(micro or 1, valid)), complete=True) if valid else None
@@ -157,14 +165,18 @@ def ulysses_gpus(ctx: RuleContext) -> list[Draft]:
     drafts: list[Draft] = []
     for layout in ulysses_roles(p):
         if p.gpus is not None and layout.sp and p.gpus % layout.sp:
-            msg = f"{layout.role} Ulysses sequence parallel size {layout.sp} does not divide the {p.gpus} GPUs; {INIT}"
+            msg = f"{layout.role} Ulysses sequence parallel size {layout.sp} does not divide the {p.gpus} GPUs; {init()}"
             drafts.append(
                 Draft((*layout.keys, GPUS_PER_NODE, NNODES), msg, (sp_fix(ctx.view, layout, p.gpus, None),))
             )
     return drafts
 
 
-@check("layout-ulysses-heads", "Ulysses size divides the attention heads (KV heads: either way)")
+@check(
+    "layout-ulysses-heads",
+    "Ulysses size divides the attention heads (KV heads: either way)",
+    needs=("code:ulysses-heads",),
+)
 def ulysses_heads(ctx: RuleContext) -> list[Draft]:
     """verl's Ulysses monkey patch: ``num_attention_heads ... must be divisible by ulysses_sp_size``."""
     p = plan(ctx)
@@ -186,12 +198,16 @@ def _heads_draft(
     msg = (
         f"{layout.role} Ulysses sequence parallel size {layout.sp} does not fit {arch.name}: "
         f"{arch.num_attention_heads} attention heads and {arch.num_key_value_heads} KV heads (from {arch.source}) "
-        f"must each divide by it (KV heads may instead divide it); {INIT}"
+        f"must each divide by it (KV heads may instead divide it); {init()}"
     )
     return Draft((*layout.keys, path_key), msg, (sp_fix(view, layout, gpus or 1, arch),))
 
 
-@check("verl-sp-remove-padding", "Ulysses sequence parallelism needs model.use_remove_padding=true")
+@check(
+    "verl-sp-remove-padding",
+    "Ulysses sequence parallelism needs model.use_remove_padding=true",
+    needs=("code:sp-remove-padding",),
+)
 def sp_remove_padding(ctx: RuleContext) -> list[Draft]:
     """FSDPActorConfig.validate (actor) and the FSDP engine (every role)."""
     p = plan(ctx)
@@ -204,7 +220,9 @@ def sp_remove_padding(ctx: RuleContext) -> list[Draft]:
         )
         if ctx.view.get(key) is not True:
             msg = f"{layout.role} Ulysses sequence parallel size {layout.sp} needs {key}=true, but it is "
-            msg += f"{format_value(ctx.view.get(key))}; verl stops in validate_config (actor) or when the workers start"
+            msg += (
+                f"{format_value(ctx.view.get(key))}; {stops('sp-remove-padding')} (or when the workers start)"
+            )
             fixes = (set_fix(key, True), set_fix(sp_key(ctx.view, layout), 1))
             drafts.append(Draft((key, *layout.keys), msg, fixes))
     return drafts

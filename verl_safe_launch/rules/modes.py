@@ -5,6 +5,7 @@ from __future__ import annotations
 from verl_safe_launch.config_view import ARR, ConfigView
 from verl_safe_launch.context import RuleContext
 from verl_safe_launch.findings import Rule
+from verl_safe_launch.inputs import verl_release
 from verl_safe_launch.rules.fixes import KeyFix, divisor_fix, search_fix, set_fix
 from verl_safe_launch.rules.kit import Draft, check, kv, not_positive, plan
 from verl_safe_launch.rules.plan import (
@@ -17,7 +18,10 @@ from verl_safe_launch.rules.plan import (
     uses_v1,
 )
 
-FIRST_STEP = "verl stops at the first training step"
+
+def first_step() -> str:
+    """``verl 0.9.1 stops at the first training step``: the release judged, and when it finds out."""
+    return f"{verl_release().name} stops at the first training step"
 
 
 def sync_step_key(view: ConfigView) -> str:
@@ -37,7 +41,7 @@ def sync_step(ctx: RuleContext) -> list[Draft]:
     batch, steps = view.get(TRAIN_BATCH), view.get(key)
     if batch is None or steps is None or batch % steps == 0:
         return []
-    msg = f"{kv(view, TRAIN_BATCH)} is not divisible by {kv(view, key)}; {FIRST_STEP}"
+    msg = f"{kv(view, TRAIN_BATCH)} is not divisible by {kv(view, key)}; {first_step()}"
     fixes = (search_fix(TRAIN_BATCH, batch, lambda b: b % steps == 0), divisor_fix(key, steps, batch))
     return [Draft((TRAIN_BATCH, key), msg, fixes)]
 
@@ -60,7 +64,7 @@ def separate_async(ctx: RuleContext) -> list[Draft]:
         return []
     msg = (
         f"{kv(view, TRAIN_BATCH)} must equal parameter_sync_step {steps} × ppo_mini_batch_size {mini} = "
-        f"{steps * mini} in separate_async mode; verl stops when the trainer starts"
+        f"{steps * mini} in separate_async mode; {verl_release().name} stops when the trainer starts"
     )
     fixes = [set_fix(TRAIN_BATCH, steps * mini)]
     if batch % steps == 0:
@@ -82,7 +86,7 @@ def separate_async_pool(ctx: RuleContext) -> list[Draft]:
         return []
     r = f"{ARR}.rollout"
     drafts: list[Draft] = []
-    late = "verl stops when the trainer starts"
+    late = f"{verl_release().name} stops when the trainer starts"
     for name, value in (("nnodes", 1), ("n_gpus_per_node", view.get("trainer.n_gpus_per_node") or 8)):
         key = f"{r}.{name}"
         if pos_int(view.get(key)) is None:
@@ -114,7 +118,7 @@ def gen_batch_size(ctx: RuleContext) -> list[Draft]:
     if batch % gen == 0:
         return []
     msg = f"{kv(view, TRAIN_BATCH)} is not a multiple of {kv(view, key)}: verl fetches prompts in whole "
-    msg += f"gen_batch_size chunks; {FIRST_STEP}"
+    msg += f"gen_batch_size chunks; {first_step()}"
     fixes = (divisor_fix(key, gen, batch), search_fix(TRAIN_BATCH, batch, lambda b: b % gen == 0))
     return [Draft((TRAIN_BATCH, key), msg, fixes)]
 
@@ -128,7 +132,7 @@ def trainer_mode(ctx: RuleContext) -> list[Draft]:
     key = "trainer.v1.trainer_mode"
     if not uses_v1(ctx.view) or ctx.view.get(key) in TRAINER_MODES:
         return []
-    msg = f"{kv(ctx.view, key)} is not a V1 trainer mode ({', '.join(TRAINER_MODES)}); verl looks it up inside Ray"
+    msg = f"{kv(ctx.view, key)} is not a V1 trainer mode ({', '.join(TRAINER_MODES)}); {verl_release().name} looks it up inside Ray"
     return [Draft((key,), msg, (KeyFix(key, TRAINER_MODES),))]
 
 
@@ -150,7 +154,7 @@ def v0_agent_chunks(ctx: RuleContext) -> list[Draft]:
         return []
     msg = (
         f"{kv(view, key)} does not divide the {p.trajectories} sequences per step (= train_batch_size "
-        f"{p.prompts} × rollout.n {p.n}) that the legacy trainer splits over its agent workers; {FIRST_STEP}"
+        f"{p.prompts} × rollout.n {p.n}) that the legacy trainer splits over its agent workers; {first_step()}"
     )
     fixes = (
         divisor_fix(key, workers, p.trajectories),

@@ -23,7 +23,10 @@ from verl_safe_launch.rules.kit import Draft, check, kv
 
 
 def _custom_reward(view: ConfigView) -> bool:
-    return bool(view.get("reward.reward_manager.source", "register") != "register")
+    """A reward manager from a module, or a custom reward file verl imports (it may register one itself)."""
+    if view.get("reward.reward_manager.source", "register") != "register":
+        return True
+    return any(view.get(k) for k in ("custom_reward_function.path", "reward.custom_reward_function.path"))
 
 
 def _custom_agent_loops(view: ConfigView) -> bool:
@@ -52,7 +55,7 @@ def unregistered(view: ConfigView, registry: Registry, names: frozenset[str]) ->
         release = verl_release().name
         msg = (
             f"{key}={format_value(value)} is not a registered {registry.name} in {release} "
-            f"(it has {', '.join(sorted(names))}); verl looks it up only once the run has started"
+            f"(it has {', '.join(sorted(names))}); it looks it up only once the run has started"
         )
         close = difflib.get_close_matches(value, sorted(names), n=3, cutoff=0.6)
         fix = None if close else f"{key}={min(names)} (or another registered {registry.name})"

@@ -24,10 +24,18 @@ from verl_safe_launch.rules.plan import (
 
 R = f"{ARR}.rollout"
 LAYOUT = (ROLLOUT_TP, ROLLOUT_DP, ROLLOUT_PP)
-AFTER_LOAD = "verl only finds out after the actor is loaded on the GPUs"
 ENGINE_READS = (f"{R}.name", f"{ARR}.model.path")
 """What a TP fix also reads: the sizes it lists are those the rollout engine accepts for the model."""
-REPLICA = "verl only finds out when it starts the rollout replicas"
+
+
+def after_load() -> str:
+    """``verl 0.9.1 only finds out after the actor is loaded on the GPUs``: the release judged, and when it finds out."""
+    return f"{verl_release().name} only finds out after the actor is loaded on the GPUs"
+
+
+def replica() -> str:
+    """``verl 0.9.1 only finds out when it starts the rollout replicas``: the release judged, and when it finds out."""
+    return f"{verl_release().name} only finds out when it starts the rollout replicas"
 
 
 def tp_fix(ctx: RuleContext, p: BatchPlan, ok_world: list[int]) -> KeyFix | None:
@@ -58,7 +66,9 @@ def hybrid(view: ConfigView) -> bool:
     return True
 
 
-@check("layout-rollout-world", "rollout tp × dp × pp divides the GPUs it runs on")
+@check(
+    "layout-rollout-world", "rollout tp × dp × pp divides the GPUs it runs on", needs=("code:rollout-world",)
+)
 def rollout_world(ctx: RuleContext) -> list[Draft]:
     """ActorRolloutRefWorker.init_model: ``rollout world_size ... is not divisible by infer_world_size``."""
     view, p = ctx.view, plan(ctx)
@@ -70,12 +80,16 @@ def rollout_world(ctx: RuleContext) -> list[Draft]:
         pools.append((p.rollout_gpus, (f"{R}.n_gpus_per_node", f"{R}.nnodes"), "standalone rollout"))
     for gpus, keys, name in pools:
         if world and gpus and gpus % world:
-            msg = f"{world_text(p)} does not divide the {gpus} GPUs of the {name} pool; {AFTER_LOAD}"
+            msg = f"{world_text(p)} does not divide the {gpus} GPUs of the {name} pool; {after_load()}"
             drafts.append(Draft((*LAYOUT, *keys), msg, (tp_fix(ctx, p, divisors(gpus)),), reads=ENGINE_READS))
     return drafts
 
 
-@check("layout-rollout-nodes", "a rollout replica fills whole nodes, or fits in one")
+@check(
+    "layout-rollout-nodes",
+    "a rollout replica fills whole nodes, or fits in one",
+    needs=("code:rollout-nodes",),
+)
 def rollout_nodes(ctx: RuleContext) -> list[Draft]:
     """RolloutReplica: ``world_size must be divisible by gpus_per_node``."""
     view, p = ctx.view, plan(ctx)
@@ -83,9 +97,7 @@ def rollout_nodes(ctx: RuleContext) -> list[Draft]:
     gpn, world = pos_int(view.get(gpn_key)), p.rollout_world
     if gpn is None or world is None or world % min(gpn, world) == 0:
         return []
-    msg = (
-        f"{world_text(p)} spans nodes of {gpn} GPUs unevenly ({world} is not a multiple of {gpn}); {REPLICA}"
-    )
+    msg = f"{world_text(p)} spans nodes of {gpn} GPUs unevenly ({world} is not a multiple of {gpn}); {replica()}"
     ok_world = [w for w in range(1, 8 * gpn + 1) if w % min(gpn, w) == 0 and (not p.gpus or p.gpus % w == 0)]
     return [Draft((*LAYOUT, gpn_key), msg, (tp_fix(ctx, p, ok_world),), reads=ENGINE_READS)]
 
@@ -105,24 +117,32 @@ def rollout_vllm_dp(ctx: RuleContext) -> list[Draft]:
     local = min(gpn or 1, p.rollout_world or 1)
     if not p.rollout_tp or local % p.rollout_tp == 0:
         return []
-    msg = f"{kv(view, ROLLOUT_TP)} does not divide the {local} GPUs a vLLM data-parallel replica has per node; {REPLICA}"
+    msg = f"{kv(view, ROLLOUT_TP)} does not divide the {local} GPUs a vLLM data-parallel replica has per node; {replica()}"
     ok = [tp for tp in divisors(local) if rollout_tp_ok(view, ctx.actor_arch, tp)]
     fix = KeyFix(ROLLOUT_TP, tuple(largest_first_at_most(p.rollout_tp, ok)), complete=True) if ok else None
     return [Draft((ROLLOUT_TP, ROLLOUT_DP, GPUS_PER_NODE), msg, (fix,), reads=ENGINE_READS)]
 
 
-@check("layout-rollout-pp", "rollout pipeline parallel is 1 (vllm, sglang, trtllm do not implement more)")
+@check(
+    "layout-rollout-pp",
+    "rollout pipeline parallel is 1 (vllm, sglang, trtllm do not implement more)",
+    needs=("code:rollout-config",),
+)
 def rollout_pp(ctx: RuleContext) -> list[Draft]:
     """RolloutConfig.__post_init__: ``not implemented pipeline_model_parallel_size > 1 yet``."""
     view = ctx.view
     pp = pos_int(view.get(ROLLOUT_PP))
     if not pp or pp == 1 or view.get(f"{R}.name") not in ("vllm", "sglang", "trtllm"):
         return []
-    msg = f"{kv(view, ROLLOUT_PP)}: rollout {format_value(view.get(f'{R}.name'))} does not implement pipeline parallel; {AFTER_LOAD}"
+    msg = f"{kv(view, ROLLOUT_PP)}: rollout {format_value(view.get(f'{R}.name'))} does not implement pipeline parallel; {after_load()}"
     return [Draft((ROLLOUT_PP, f"{R}.name"), msg, (set_fix(ROLLOUT_PP, 1),))]
 
 
-@check("layout-rollout-ep", "rollout expert parallel = tensor × data parallel (not trtllm)")
+@check(
+    "layout-rollout-ep",
+    "rollout expert parallel = tensor × data parallel (not trtllm)",
+    needs=("code:rollout-config",),
+)
 def rollout_ep(ctx: RuleContext) -> list[Draft]:
     """RolloutConfig.__post_init__: ``expert_parallel_size must be equal to tp * dp``."""
     view, p = ctx.view, plan(ctx)
@@ -133,7 +153,7 @@ def rollout_ep(ctx: RuleContext) -> list[Draft]:
     want = product(p.rollout_tp, p.rollout_dp)
     if want is None or ep == want:
         return []
-    msg = f"{kv(view, key)} must equal rollout tensor × data parallel = {p.rollout_tp} × {p.rollout_dp} = {want}; {AFTER_LOAD}"
+    msg = f"{kv(view, key)} must equal rollout tensor × data parallel = {p.rollout_tp} × {p.rollout_dp} = {want}; {after_load()}"
     return [Draft((key, ROLLOUT_TP, ROLLOUT_DP), msg, (KeyFix(key, (want, 1)),))]
 
 
@@ -152,7 +172,7 @@ def max_model_len(ctx: RuleContext) -> list[Draft]:
     if value <= arch.max_position_embeddings:
         return []
     limit = arch.max_position_embeddings
-    msg = f"{kv(view, key)} exceeds {arch.name}'s max_position_embeddings {limit} (from {arch.source}); {REPLICA}"
+    msg = f"{kv(view, key)} exceeds {arch.name}'s max_position_embeddings {limit} (from {arch.source}); {replica()}"
     return [Draft((key, f"{ARR}.model.path"), msg, (set_fix(key, limit),))]
 
 
@@ -179,23 +199,25 @@ def rollout_name(ctx: RuleContext) -> list[Draft]:
 @check(
     "verl-rollout-config",
     "RolloutConfig: async mode; disaggregation on vllm/sglang; MoE TP on trtllm only",
-    needs=("since:0.7.1",),
+    needs=("code:rollout-config",),
 )
 def rollout_config(ctx: RuleContext) -> list[Draft]:
     """RolloutConfig.__post_init__, which verl first runs inside the workers."""
     view = ctx.view
     r = f"{ARR}.rollout"
     name, drafts = view.get(f"{r}.name"), []
-    late = f"{verl_release().name} stops when the workers build the rollout"
-    if view.get(f"{r}.mode") == "sync":
+    release = verl_release()
+    late = f"{release.name} stops when the workers build the rollout"
+    if view.get(f"{r}.mode") == "sync" and release.has("code:rollout-sync-removed"):
         msg = f"{kv(view, f'{r}.mode')}: the sync rollout mode has been removed; {late}"
         drafts.append(Draft((f"{r}.mode",), msg, (set_fix(f"{r}.mode", "async"),)))
-    if view.get(f"{r}.disaggregation.enabled") and name not in ("sglang", "vllm"):
+    disaggregated = view.get(f"{r}.disaggregation.enabled") and release.has("code:rollout-disaggregation")
+    if disaggregated and name not in ("sglang", "vllm"):
         msg = f"{kv(view, f'{r}.disaggregation.enabled')} requires rollout.name sglang or vllm, not {format_value(name)}; {late}"
         fixes = (KeyFix(f"{r}.name", ("vllm", "sglang")), set_fix(f"{r}.disaggregation.enabled", False))
         drafts.append(Draft((f"{r}.disaggregation.enabled", f"{r}.name"), msg, fixes))
     moe = pos_int(view.get(f"{r}.moe_tensor_parallel_size"))
-    if moe and moe > 1 and name != "trtllm":
+    if moe and moe > 1 and name != "trtllm" and release.has("code:rollout-moe-tp"):
         msg = f"{kv(view, f'{r}.moe_tensor_parallel_size')} is only supported by trtllm, not {format_value(name)}; {late}"
         drafts.append(
             Draft(

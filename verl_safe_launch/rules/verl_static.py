@@ -9,9 +9,9 @@ from verl_safe_launch.audit import STRATEGY_KEYS
 from verl_safe_launch.config_view import ARR, ConfigView, format_value, ref_in_actor
 from verl_safe_launch.context import RuleContext
 from verl_safe_launch.findings import Rule
-from verl_safe_launch.inputs import verl_release
+from verl_safe_launch.inputs import verl_check, verl_release
 from verl_safe_launch.rules.fixes import KeyFix, divisor_fix, set_fix
-from verl_safe_launch.rules.kit import Draft, check, is_true, kv, not_positive, plan
+from verl_safe_launch.rules.kit import Draft, check, is_true, kv, not_positive, plan, stops
 from verl_safe_launch.rules.plan import (
     ACTOR_DYNAMIC,
     ACTOR_MICRO,
@@ -35,7 +35,8 @@ from verl_safe_launch.rules.plan import (
 )
 
 SUGGESTED_MICRO = 4
-STOPS = "verl's validate_config stops here"
+LATE_MICRO = ("code:per-gpu-micro-asserted", "!code:deprecated-micro-converted")
+"""A release whose workers assert the per-GPU micro batch and no longer derive it from the deprecated key."""
 
 
 @dataclass(frozen=True)
@@ -48,23 +49,25 @@ class MicroKeys:
     whole: Callable[[BatchPlan], int | None]
     dp: Callable[[BatchPlan], int | None]
     late: str
+    check: str
+    """The name of verl's check of the pair (``code:NAME``)."""
 
 
 ACTOR_KEYS = MicroKeys(
     "actor", ACTOR_MICRO_DEPRECATED, ACTOR_MICRO, lambda p: p.mini_per_gpu, lambda p: p.actor.dp,
-    "when the workers build the actor",
+    "when the workers build the actor", "actor-micro-pair",
 )  # fmt: skip
 ROLLOUT_KEYS = MicroKeys(
     "actor_rollout_ref.rollout", LOGPROB_MICRO_DEPRECATED, LOGPROB_MICRO, lambda p: p.logprob_rows,
-    lambda p: p.actor.dp, "when the workers build the actor",
+    lambda p: p.actor.dp, "when the workers build the actor", "rollout-micro-pair",
 )  # fmt: skip
 REF_KEYS = MicroKeys(
     "actor_rollout_ref.ref", REF_MICRO_DEPRECATED, REF_MICRO, lambda p: p.ref_rows, lambda p: p.ref.dp,
-    "at the first reference log-prob pass",
+    "at the first reference log-prob pass", "ref-micro-pair",
 )  # fmt: skip
 CRITIC_KEYS = MicroKeys(
     "critic", CRITIC_MICRO_DEPRECATED, CRITIC_MICRO, lambda p: p.critic_mini_per_gpu, lambda p: p.critic.dp,
-    "in the critic",
+    "in the critic", "critic-micro-pair",
 )  # fmt: skip
 
 
@@ -86,18 +89,16 @@ def micro_key_drafts(
     dep, per = view.get(keys.deprecated), view.get(keys.per_gpu)
     pair = (keys.deprecated, keys.per_gpu)
     if dep is not None and per is not None:
-        msg = f"{kv(view, keys.deprecated)} and {kv(view, keys.per_gpu)} are both set; {STOPS}"
+        msg = f"{kv(view, keys.deprecated)} and {kv(view, keys.per_gpu)} are both set; {stops(keys.check)}"
         if keys.section == "critic" and getattr(view.prov(keys.per_gpu), "follows", None):
             msg += f" ({keys.per_gpu} follows {keys.deprecated} through verl's own interpolation)"
         return [Draft(pair, msg, (per_gpu_fix(keys, p, pos_int(per), (f"{keys.deprecated}=null",)),))]
     if dep is None and per is None:
-        msg = f"{keys.per_gpu} is not set and {dynamic_key} is false; {STOPS}"
+        msg = f"{keys.per_gpu} is not set and {dynamic_key} is false; {stops(keys.check)}"
         return [
             Draft((keys.per_gpu, dynamic_key), msg, (per_gpu_fix(keys, p, None), set_fix(dynamic_key, True)))
         ]
-    if (
-        per is None and read_late and verl_release().has("since:0.9.0")
-    ):  # the later assertion is read from 0.9's workers
+    if per is None and read_late and all(verl_release().has(need) for need in LATE_MICRO):
         msg = (
             f"{kv(view, keys.deprecated)} is deprecated and {keys.per_gpu} is not set: {verl_release().name} accepts "
             f"this, then stops with a bare AssertionError {keys.late}"
@@ -107,7 +108,11 @@ def micro_key_drafts(
     return []
 
 
-@check("verl-actor-micro-keys", "actor micro batch: exactly the per-GPU key, unless dynamic batch size")
+@check(
+    "verl-actor-micro-keys",
+    "actor micro batch: exactly the per-GPU key, unless dynamic batch size",
+    needs=("code:actor-micro-pair",),
+)
 def actor_micro_keys(ctx: RuleContext) -> list[Draft]:
     """verl's ActorConfig check (both/neither), plus the deprecated key alone (fails in the workers)."""
     if is_true(ctx.view, ACTOR_DYNAMIC):
@@ -116,7 +121,9 @@ def actor_micro_keys(ctx: RuleContext) -> list[Draft]:
 
 
 @check(
-    "verl-rollout-logprob-micro-keys", "old log-prob micro batch: exactly the per-GPU key (fixed batch size)"
+    "verl-rollout-logprob-micro-keys",
+    "old log-prob micro batch: exactly the per-GPU key (fixed batch size)",
+    needs=("code:rollout-micro-pair",),
 )
 def rollout_micro_keys(ctx: RuleContext) -> list[Draft]:
     """validate_config's rollout log-prob check, plus the deprecated key alone."""
@@ -128,6 +135,7 @@ def rollout_micro_keys(ctx: RuleContext) -> list[Draft]:
 @check(
     "verl-ref-logprob-micro-keys",
     "reference log-prob micro batch: exactly the per-GPU key (fixed batch size)",
+    needs=("code:ref-micro-pair",),
 )
 def ref_micro_keys(ctx: RuleContext) -> list[Draft]:
     """validate_config's ref check (when the reference model is used), plus the deprecated key alone."""
@@ -138,7 +146,11 @@ def ref_micro_keys(ctx: RuleContext) -> list[Draft]:
     return micro_key_drafts(ctx.view, p, REF_KEYS, dynamic_key, read_late=not ref_in_actor(ctx.view))
 
 
-@check("verl-critic-micro-keys", "critic micro batch: exactly the per-GPU key (fixed batch size)")
+@check(
+    "verl-critic-micro-keys",
+    "critic micro batch: exactly the per-GPU key (fixed batch size)",
+    needs=("code:critic-micro-pair",),
+)
 def critic_micro_keys(ctx: RuleContext) -> list[Draft]:
     """CriticConfig's check; the deprecated critic key alone always fails it (verl interpolates it)."""
     p = plan(ctx)
@@ -167,7 +179,7 @@ ESTIMATOR, CRITIC_PATH = "algorithm.adv_estimator", "critic.model.path"
 @check(
     "verl-dynamic-bsz-mismatch",
     "actor and old log-prob must agree on dynamic batch size",
-    needs=("since:0.9.0",),
+    needs=("code:dynamic-bsz-equal",),
 )
 def dynamic_mismatch(ctx: RuleContext) -> list[Draft]:
     """The workers assert actor.use_dynamic_bsz == rollout.log_prob_use_dynamic_bsz."""
@@ -185,20 +197,25 @@ def dynamic_mismatch(ctx: RuleContext) -> list[Draft]:
 def _deprecated_micro(
     view: ConfigView, keys: MicroKeys, p: BatchPlan, mini_key: str, sp: tuple[str | None, int]
 ) -> list[Draft]:
+    """The release's own checks of a deprecated global micro batch (``critic-...`` ones for the critic)."""
+    prefix = "critic-" if keys.section == "critic" else ""
     m, mini, gpus = pos_int(view.get(keys.deprecated)), pos_int(view.get(mini_key)), p.gpus
     if m is None:
         return not_positive(view, (keys.deprecated,))
     replace = (per_gpu_fix(keys, p, None, (f"{keys.deprecated}=null",)),)
     drafts: list[Draft] = []
     if mini is not None and mini % m:
-        msg = f"{kv(view, mini_key)} is not divisible by the deprecated {kv(view, keys.deprecated)}; {STOPS}"
+        msg = (
+            f"{kv(view, mini_key)} is not divisible by the deprecated {kv(view, keys.deprecated)}; "
+            f"{stops(prefix + 'deprecated-micro-divides')}"
+        )
         drafts.append(Draft((mini_key, keys.deprecated), msg, replace))
     sp_key, sp_value = sp
-    if gpus is not None and sp is not None and m * sp_value < gpus:
+    if gpus is not None and m * sp_value < gpus and verl_release().has(f"code:{prefix}deprecated-micro-sp"):
         used = (keys.deprecated, *(k for k in (sp_key, GPUS_PER_NODE, NNODES) if k))
         msg = (
             f"the deprecated {kv(view, keys.deprecated)} × ulysses_sequence_parallel_size {sp_value} is less "
-            f"than the {gpus} GPUs; {STOPS}"
+            f"than the {gpus} GPUs; {stops(prefix + 'deprecated-micro-sp')}"
         )
         drafts.append(Draft(used, msg, replace))
     return drafts
@@ -207,6 +224,7 @@ def _deprecated_micro(
 @check(
     "verl-actor-deprecated-micro",
     "deprecated actor.ppo_micro_batch_size: divides the mini batch, × sp ≥ GPUs",
+    needs=("code:deprecated-micro-divides",),
 )
 def actor_deprecated_micro(ctx: RuleContext) -> list[Draft]:
     """ActorConfig.validate on the deprecated global micro batch size."""
@@ -221,6 +239,7 @@ def actor_deprecated_micro(ctx: RuleContext) -> list[Draft]:
 @check(
     "verl-critic-deprecated-micro",
     "deprecated critic.ppo_micro_batch_size: divides the mini batch, × sp ≥ GPUs",
+    needs=("code:critic-deprecated-micro-divides",),
 )
 def critic_deprecated_micro(ctx: RuleContext) -> list[Draft]:
     """CriticConfig.__post_init__ / FSDPCriticConfig.validate on the deprecated global micro batch size."""
@@ -243,18 +262,31 @@ LOSS_AGG_MODES = (
 )
 
 
-@check("verl-loss-agg-mode", "actor.loss_agg_mode is one verl knows")
+@check("verl-loss-agg-mode", "actor.loss_agg_mode is one verl knows", needs=("code:loss-agg-mode",))
 def loss_agg_mode(ctx: RuleContext) -> list[Draft]:
-    """ActorConfig.__post_init__: ``Invalid loss_agg_mode``."""
+    """ActorConfig.__post_init__ (RayPPOTrainer._validate_config before 0.6): ``Invalid loss_agg_mode``."""
     key = f"{ARR}.actor.loss_agg_mode"
-    if ctx.view.get(key) in LOSS_AGG_MODES:
+    modes = loss_agg_modes()
+    if ctx.view.get(key) in modes:
         return []
-    known = ", ".join(LOSS_AGG_MODES)
-    msg = f"{kv(ctx.view, key)} is not a loss aggregation mode verl knows ({known}); {STOPS}"
-    return [Draft((key,), msg, (KeyFix(key, LOSS_AGG_MODES),))]
+    known = ", ".join(modes)
+    msg = f"{kv(ctx.view, key)} is not a loss aggregation mode {verl_release().name} knows ({known}); "
+    msg += stops("loss-agg-mode")
+    return [Draft((key,), msg, (KeyFix(key, modes),))]
 
 
-@check("verl-val-temperature", "sampling during validation needs rollout.temperature > 0")
+def loss_agg_modes() -> tuple[str, ...]:
+    """The modes the release's own check lists (the strings it compares against), else 0.9.1's."""
+    site = verl_check("loss-agg-mode")
+    found = tuple(s for s in site.strings if s.replace("-", "").isalpha() and "-" in s) if site else ()
+    return found or LOSS_AGG_MODES
+
+
+@check(
+    "verl-val-temperature",
+    "sampling during validation needs rollout.temperature > 0",
+    needs=("code:val-temperature",),
+)
 def val_temperature(ctx: RuleContext) -> list[Draft]:
     """validate_config: do_sample in val_kwargs with a non-positive rollout temperature."""
     view = ctx.view
@@ -262,14 +294,14 @@ def val_temperature(ctx: RuleContext) -> list[Draft]:
     value = view.get(temp)
     if not view.get(sample) or not isinstance(value, int | float) or value > 0:
         return []
-    msg = f"{kv(view, sample)} needs {temp} > 0, but it is {format_value(value)}; {STOPS}"
+    msg = f"{kv(view, sample)} needs {temp} > 0, but it is {format_value(value)}; {stops('val-temperature')}"
     return [Draft((sample, temp), msg, (set_fix(temp, 1.0), set_fix(sample, False)))]
 
 
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
-@check("verl-lora-rank", "LoRA rank within what vLLM supports")
+@check("verl-lora-rank", "LoRA rank within what vLLM supports", needs=("code:vllm-lora-rank",))
 def lora_rank(ctx: RuleContext) -> list[Draft]:
     """validate_config → get_vllm_max_lora_rank: rank above vLLM's largest."""
     view = ctx.view
@@ -282,14 +314,20 @@ def lora_rank(ctx: RuleContext) -> list[Draft]:
         return []
     if not isinstance(rank, int) or rank <= VLLM_LORA_RANKS[-1]:
         return []
-    msg = f"{kv(view, key)} is above vLLM's largest LoRA rank {VLLM_LORA_RANKS[-1]}; {STOPS}"
+    msg = (
+        f"{kv(view, key)} is above vLLM's largest LoRA rank {VLLM_LORA_RANKS[-1]}; {stops('vllm-lora-rank')}"
+    )
     return [Draft((key, f"{ARR}.rollout.name"), msg, (KeyFix(key, (VLLM_LORA_RANKS[-1], 256)),))]
 
 
 ROUTER_MODES = ("disabled", "R2", "R3")
 
 
-@check("verl-router-replay", "router replay mode valid; R2 needs rollout_correction.bypass_mode=false")
+@check(
+    "verl-router-replay",
+    "router replay mode valid; R2 needs rollout_correction.bypass_mode=false",
+    needs=("code:router-replay",),
+)
 def router_replay(ctx: RuleContext) -> list[Draft]:
     """EngineRouterReplayConfig and validate_config's router replay check."""
     view, p = ctx.view, plan(ctx)
@@ -299,13 +337,13 @@ def router_replay(ctx: RuleContext) -> list[Draft]:
     if mode is None:
         return []
     if mode not in ROUTER_MODES:
-        msg = f"{kv(view, key)} is not a router replay mode ({', '.join(ROUTER_MODES)}); {STOPS}"
+        msg = f"{kv(view, key)} is not a router replay mode ({', '.join(ROUTER_MODES)}); {stops('router-replay')}"
         return [Draft((key,), msg, (KeyFix(key, ROUTER_MODES),))]
     if mode == "R2" and view.get(bypass):
         msg = (
             f"{kv(view, key)} records routes while recomputing old log-probs, which {kv(view, bypass)} skips"
         )
-        msg += f"; {STOPS}"
+        msg += f"; {stops('router-replay')}"
         return [Draft((key, bypass), msg, (set_fix(bypass, False), set_fix(key, "R3")))]
     return []
 
@@ -334,7 +372,8 @@ def strategy(ctx: RuleContext) -> list[Draft]:
 
 
 def _strategy_draft(view: ConfigView, key: str, engine: str, expected: tuple[str, ...]) -> Draft:
-    msg = f"{kv(view, key)} does not fit model_engine={engine} (expects {', '.join(expected)}); {STOPS}"
+    msg = f"{kv(view, key)} does not fit model_engine={engine} (expects {', '.join(expected)}); "
+    msg += f"{verl_release().name} stops here"
     fixes: list[KeyFix | None] = [KeyFix(key, expected)]
     if view.get(key) == "megatron":
         fixes.append(KeyFix("model_engine", ("megatron",)))
@@ -347,6 +386,7 @@ MEGATRON_DTYPES = ("bfloat16", "float16")
 @check(
     "verl-megatron-engine",
     "Megatron engine: dtype bfloat16/float16; dynamic CP needs max_seqlen_per_dp_cp_rank",
+    needs=("code:megatron-dtype",),
 )
 def megatron_engine(ctx: RuleContext) -> list[Draft]:
     """McoreEngineConfig.__post_init__ for each Megatron role that runs."""
@@ -365,10 +405,13 @@ def _megatron_drafts(view: ConfigView, meg: str, seq_len: int | None) -> list[Dr
     drafts: list[Draft] = []
     dtype, dyn, cap = f"{meg}.dtype", f"{meg}.dynamic_context_parallel", f"{meg}.max_seqlen_per_dp_cp_rank"
     if view.get(dtype) not in MEGATRON_DTYPES:
-        msg = f"{kv(view, dtype)} is not supported by Megatron (bfloat16, float16); {STOPS}"
+        msg = f"{kv(view, dtype)} is not supported by Megatron (bfloat16, float16); {stops('megatron-dtype')}"
         drafts.append(Draft((dtype,), msg, (KeyFix(dtype, MEGATRON_DTYPES),)))
     if view.get(dyn) and pos_int(view.get(cap)) is None:
-        msg = f"{kv(view, dyn)} needs {cap} to be a positive integer, but it is {format_value(view.get(cap))}; {STOPS}"
+        msg = (
+            f"{kv(view, dyn)} needs {cap} to be a positive integer, but it is {format_value(view.get(cap))}; "
+        )
+        msg += stops("megatron-dtype")
         drafts.append(Draft((dyn, cap), msg, (set_fix(cap, seq_len or 4096), set_fix(dyn, False))))
     return drafts
 

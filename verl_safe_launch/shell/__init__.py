@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from verl_safe_launch.shell.configs import ConfigChoice, choose_config
 from verl_safe_launch.shell.contain import MAX_TIMEOUT_S, check_timeout, containment
 from verl_safe_launch.shell.expand import OPAQUE
 from verl_safe_launch.shell.job_commands import Command, seeded_env
@@ -34,6 +35,7 @@ __all__ = [
     "SLURM_VERB_OPTIONS",
     "Allocation",
     "Command",
+    "ConfigChoice",
     "Directive",
     "Export",
     "JobScript",
@@ -42,6 +44,7 @@ __all__ = [
     "ScriptNote",
     "Trace",
     "check_timeout",
+    "choose_config",
     "choose_launch",
     "containment",
     "override_key",

@@ -12,6 +12,11 @@ from verl_safe_launch.shell.words import ArrayAssign, Part, PartKind, Word
 OPAQUE = "\ue000"
 """Stands in a field's text for a piece the reader could not determine (one marker per piece)."""
 
+WORKDIR = "\ue001"
+"""Follows the ``OPAQUE`` of ``$(pwd)``: the piece not read is the working directory (a config path can still be
+looked for from the script's directory)."""
+_PWD_BODIES = frozenset({"pwd", "pwd -P", "pwd -L"})
+
 MACHINE = frozenset({"HOME", "PWD", "USER"})
 """Variables that are always present but differ per machine: their text is kept as written."""
 
@@ -179,7 +184,9 @@ class Expander:
     def _part(self, part: Part, word: Word) -> tuple[str, str | None]:
         """The text of one expansion (``OPAQUE`` where unknown) and why it is unknown."""
         if part.kind is PartKind.SUBST:
-            return OPAQUE, f"the command substitution {part.text} (line {word.line})"
+            body = part.text.removeprefix("$(").removeprefix("`").removesuffix(")").removesuffix("`").strip()
+            marker = OPAQUE + WORKDIR if body in _PWD_BODIES else OPAQUE
+            return marker, f"the command substitution {part.text} (line {word.line})"
         if part.kind is PartKind.ARGS:
             return OPAQUE, f"the script's arguments (${part.text}) inside a longer word (line {word.line})"
         if part.kind is PartKind.ARRAY:

@@ -6,8 +6,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from verl_safe_launch.errors import UsageError
-from verl_safe_launch.inputs import ComposeRequest, OverrideToken, verl_config_dir, verl_package_dir
+from verl_safe_launch.inputs import PRIMARY_CONFIG, ComposeRequest, OverrideToken
 from verl_safe_launch.provenance import Layer, Source
+from verl_safe_launch.shell.configs import ConfigChoice, choose_config
 from verl_safe_launch.shell.expand import OPAQUE, Field
 
 MODULE = "verl.trainer.main_ppo"
@@ -16,7 +17,6 @@ _HYDRA_VALUE_FLAGS = frozenset(
 )
 _CONFIG_PATH_FLAGS = frozenset({"--config-path", "-cp"})
 _CONFIG_NAME_FLAGS = frozenset({"--config-name", "-cn"})
-DEPRECATED_CONFIG_NAMES = {"ppo_megatron_trainer": "model_engine=megatron"}
 
 
 @dataclass(frozen=True)
@@ -75,6 +75,8 @@ class ScriptLaunch:
     """The launch as read in every possible world (one branch of each if/case the script does not decide)."""
     branch: str = ""
     """In a possible world: the branches it takes (``the if on line 4 takes branch 2``)."""
+    config_name: str = PRIMARY_CONFIG
+    """The verl config it composes first (``--config-name``, or the one its own config file names)."""
 
     @property
     def label(self) -> str:
@@ -86,7 +88,13 @@ class ScriptLaunch:
         at = self.passthrough.position if self.passthrough else len(self.tokens)
         tokens = (*self.tokens[:at], *passthrough, *self.tokens[at:])
         files = self.config_files
-        return ComposeRequest(overrides=tokens, config_files=files, lenient=lenient, named_configs=files)
+        return ComposeRequest(
+            overrides=tokens,
+            config_files=files,
+            lenient=lenient,
+            named_configs=files,
+            config_name=self.config_name,
+        )
 
 
 def traced_launches(
@@ -170,13 +178,22 @@ class LaunchBuilder:
                 pending = None
             else:
                 pending = self._field(f)
-        files, group = self._config()
+        choice, group = self._config()
         tokens = (*group, *self.tokens)
         shift = len(group)
         passthrough = self.passthrough
         if passthrough and shift:
             passthrough = Passthrough(passthrough.position + shift, passthrough.line, passthrough.raw)
-        return ScriptLaunch(self.name, self.line, self.index, tokens, files, passthrough, tuple(self.notes))
+        return ScriptLaunch(
+            self.name,
+            self.line,
+            self.index,
+            tokens,
+            choice.files,
+            passthrough,
+            tuple(self.notes),
+            config_name=choice.config_name,
+        )
 
     def _field(self, f: Field) -> str | None:
         if f.args:
@@ -189,7 +206,8 @@ class LaunchBuilder:
         if f.problem is not None:
             flag = f.raw.strip("'\"").partition("=")[0]
             if flag in _CONFIG_PATH_FLAGS | _CONFIG_NAME_FLAGS:
-                self._flag_value(flag, f)
+                head, eq, value = f.text.partition("=")
+                self._flag_value(flag, replace(f, text=value) if eq and head == flag else f)
             else:
                 self._unread("unresolved", f, f.problem)
             return None
@@ -236,76 +254,26 @@ class LaunchBuilder:
                 ScriptNote("hydra-option", value.line, raw, "Hydra command-line option, not a config value")
             )
 
-    def _config(self) -> tuple[tuple[Path, ...], tuple[OverrideToken, ...]]:
-        """``--config-path``/``--config-name``: verl's own config, its deprecated alias, or a user YAML layer."""
+    def _config(self) -> tuple[ConfigChoice, tuple[OverrideToken, ...]]:
+        """``--config-path``/``--config-name``: verl's own config by name, or a user YAML layer over one."""
         name_field, path_field = self.config_name, self.config_path
         if name_field is None and path_field is None:
-            return (), ()
-        for f in (path_field, name_field):
-            if f is not None and f.problem is not None:
-                self.notes.append(
-                    ScriptNote("config", f.line, f.raw, f"{f.problem}; the config file is not audited", None)
-                )
-                return (), ()
-        name = (name_field.text if name_field else "ppo_trainer").removesuffix(".yaml")
-        directory = _config_dir(path_field.text if path_field else "config")
+            return ConfigChoice(), ()
         where = name_field or path_field
         assert where is not None
-        if directory is not None and directory == verl_config_dir().resolve():
-            return (), self._verl_config(name, where)
-        if directory is None or not (directory / f"{name}.yaml").is_file():
-            shown = f"{path_field.text if path_field else 'config'}/{name}.yaml"
-            self.notes.append(
-                ScriptNote(
-                    "config", where.line, where.raw, f"config file {shown} not found; not audited", None
-                )
-            )
-            return (), ()
-        path = directory / f"{name}.yaml"
-        return (path,), self._inherited(path, where)
-
-    def _inherited(self, path: Path, where: Field) -> tuple[OverrideToken, ...]:
-        """The verl config a user config inherits (its ``defaults``): megatron's becomes ``model_engine=megatron``."""
-        entries = _defaults_of(path)
-        bases = [e for e in entries or () if e != "_self_"]
-        if entries is None or any(b not in ("ppo_trainer", *DEPRECATED_CONFIG_NAMES) for b in bases):
-            detail = (
-                f"{path.name} has a defaults list this reader does not compose ({entries}); keys not checked"
-            )
-            self.notes.append(ScriptNote("config", where.line, where.raw, detail, None))
-            return ()
-        source = Source(Layer.SCRIPT, self.name, where.line, raw=where.raw)
-        return tuple(
-            OverrideToken(DEPRECATED_CONFIG_NAMES[b], source) for b in bases if b in DEPRECATED_CONFIG_NAMES
-        )
-
-    def _verl_config(self, name: str, where: Field) -> tuple[OverrideToken, ...]:
-        if name == "ppo_trainer":
-            return ()
-        if name in DEPRECATED_CONFIG_NAMES:
-            text = DEPRECATED_CONFIG_NAMES[name]
-            self.notes.append(ScriptNote("deprecated-config", where.line, where.raw, text))
-            return (OverrideToken(text, Source(Layer.SCRIPT, self.name, where.line, raw=where.raw)),)
-        self.notes.append(
-            ScriptNote(
-                "config", where.line, where.raw, f"verl config '{name}' is not the PPO trainer's", None
-            )
-        )
-        return ()
-
-
-def _defaults_of(path: Path) -> list[str] | None:
-    """The plain entries of a config file's ``defaults`` list; None when it has entries of another form."""
-    import yaml
-
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
-        return None
-    defaults = data.get("defaults", []) if isinstance(data, dict) else []
-    if not isinstance(defaults, list) or not all(isinstance(e, str) for e in defaults):
-        return None
-    return [e.removesuffix(".yaml") for e in defaults]
+        if name_field is not None and name_field.problem is not None:
+            note = f"{name_field.problem}; the config file is not audited"
+            self.notes.append(ScriptNote("config", where.line, where.raw, note, None))
+            return ConfigChoice(), ()
+        path_text = path_field.text if path_field is not None else None
+        choice = choose_config(name_field.text if name_field else None, path_text, Path(self.name))
+        for kind, detail, unread in choice.notes:
+            from_path = path_field is not None and (kind == "config-path" or path_field.problem is not None)
+            shown = path_field if from_path and path_field is not None else where
+            if kind == "config" and path_field is not None and path_field.problem is not None:
+                detail = f"{path_field.problem}; {detail}"
+            self.notes.append(ScriptNote(kind, shown.line, shown.raw, detail, None if unread else ()))
+        return choice, ()
 
 
 def override_key(text: str) -> str | None:
@@ -314,16 +282,6 @@ def override_key(text: str) -> str | None:
     if not eq or not key or OPAQUE in key or any(c.isspace() for c in key):
         return None
     return key
-
-
-def _config_dir(text: str) -> Path | None:
-    """Hydra's rule: an absolute path as is, a relative one inside the package of ``main_ppo``."""
-    path = Path(text).expanduser()
-    candidate = path if path.is_absolute() else verl_package_dir() / "trainer" / path
-    try:
-        return candidate.resolve() if candidate.is_dir() else None
-    except OSError:
-        return None
 
 
 def _dedupe(notes: list[ScriptNote]) -> list[ScriptNote]:
@@ -352,7 +310,6 @@ def choose_launch(launches: tuple[ScriptLaunch, ...], wanted: int | None, script
 
 
 __all__ = [
-    "DEPRECATED_CONFIG_NAMES",
     "MODULE",
     "LaunchBuilder",
     "Passthrough",

@@ -28,6 +28,9 @@ _OPENERS = frozenset({"while", "until", "for", "case", "select"})
 _CLOSERS = frozenset({"done", "esac"})
 _PREFIX_WORDS = frozenset({"then", "else", "elif", "do", "!", "{", "}", "time", "exec", "nohup", "command"})
 _DECLARE = frozenset({"export", "declare", "typeset", "local", "readonly"})
+_NOT_RUN = frozenset({"echo", "printf", ":", "true", "logger"})
+"""Commands that print or ignore their arguments: a launch written after them does not run."""
+_SHELLS = frozenset({"bash", "sh"})
 
 
 class NoLaunch(InputError):
@@ -235,12 +238,20 @@ class _Reader:
             self.notes.extend(ScriptNote("env-default", n.line, n.raw, n.detail) for n in notes)
         return [] if declared else items[count:]
 
-    def _maybe_launch(self, items: list[Word | ArrayAssign]) -> None:
+    def _maybe_launch(self, items: list[Word | ArrayAssign], unread: str | None = None) -> None:
+        """A launch among the command's words (``unread``: why a marker in them, from an ``eval``'d string, is
+        not known)."""
         words = [i for i in items if isinstance(i, Word)]
-        if not any("main_ppo" in w.raw or "$" in w.raw for w in words):
+        if not any("main_ppo" in w.raw or "$" in w.raw for w in words) or _literal(words[0]) in _NOT_RUN:
+            return
+        first = _literal(words[0])
+        if first == "eval" or (first in _SHELLS and len(words) > 2 and _literal(words[1]) == "-c"):
+            self._evaluated(words[1:] if first == "eval" else words[2:3])
             return
         expander = Expander(self.env)
         fields = [f for w in words for f in expander.word(w)]
+        if unread is not None:
+            fields = [replace(f, problem=f.problem or unread) if OPAQUE in f.text else f for f in fields]
         start = module_end(fields)
         if start is None:
             return
@@ -248,6 +259,26 @@ class _Reader:
         conditional = self.depth > 0 or self.ifs.uncertain
         launch = LaunchBuilder(self.name, len(self.launches) + 1, words[0].line, notes, conditional)
         self.launches.append(replace(launch.build(fields[start:]), exports=self._exports()))
+
+    def _evaluated(self, words: list[Word]) -> None:
+        """``eval "$CMD"``, ``bash -c "$CMD"``: the string's words, read as bash reads them again, when the
+        string holds a launch (parts of it that are not known stay unread, each on the eval's line)."""
+        expander = Expander(self.env)
+        fields = [f for w in words for f in expander.word(w)]
+        text = " ".join(f.text for f in fields)
+        if MODULE not in text and "main_ppo.py" not in text:
+            return
+        unread = next((f.problem for f in fields if f.problem), None)
+        try:
+            tokens = lex(text)
+        except ShellSyntaxError:
+            return
+        line = words[0].line
+        for command in split_commands(tokens):
+            inner = [replace(i, line=line) if isinstance(i, Word) else i for i in command.items]
+            inner = self._assign(inner, declared=False)
+            if inner:
+                self._maybe_launch(inner, unread)
 
 
 def _literal(item: Word | ArrayAssign) -> str | None:
