@@ -272,3 +272,21 @@ def test_the_job_gives_ray_the_cpus_the_plan_reserves(
     assert asked >= CPUS_PER_GPU * 2 and asked * nodes >= need.total, (asked, need)
     if nodes == 1:
         assert f"needs {need.describe()}" in result.out
+
+
+def test_a_variable_the_job_reads_where_it_runs_is_a_warning_for_the_job_and_an_error_here(
+    tmp_path: Path, cli: Callable[..., CliResult], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``${oc.env:NAME}`` resolves in verl's process: for a job, that is on the allocation, with the environment
+    sbatch hands on, so an unset variable here cannot decide the job; for ``check`` of a run here it does."""
+    monkeypatch.delenv("VSL_EXAMPLE_KEY", raising=False)
+    monkeypatch.setenv("VSL_HARDWARE_DETECT", "0")
+    key = "+ray_kwargs.ray_init.runtime_env.env_vars.WANDB_API_KEY=${oc.env:VSL_EXAMPLE_KEY}"
+    job = cli("slurm", *ALLOCATION, "-c", SMALL, key, "-o", str(tmp_path / "job.sbatch"))
+    assert job.code == 0, job.out + job.err
+    assert "warning [config-unresolved]" in job.out + job.err and "the slurm job reads it where it runs" in (
+        job.out + job.err
+    )
+    assert "${oc.env:VSL_EXAMPLE_KEY}" in (tmp_path / "job.yaml").read_text()
+    here = cli("check", "-c", SMALL, key, "hardware.gpus_per_node=2", "hardware.nodes=1")
+    assert here.code == 1 and "error [config-unresolved]" in here.out + here.err

@@ -219,7 +219,8 @@ def test_more_gpus_than_the_allocation_is_an_error() -> None:
             "  trainer.n_gpus_per_node = 8      from command line, argument 1 (trainer.n_gpus_per_node=8)\n"
             "  hardware.gpus_per_node  = 6      from hardware: Slurm allocation, SLURM_GPUS_ON_NODE=6\n"
             "  fix: trainer.n_gpus_per_node=6 data.train_batch_size=1026 actor_rollout_ref.actor.ppo_mini_batch_size=258 "
-            "critic.ppo_mini_batch_size=258 (or leave it unset: verl-safe-launch fills it from the hardware)"
+            "critic.ppo_mini_batch_size=258 (or leave it unset: verl-safe-launch fills it from the hardware)\n"
+            "  see: verl-safe-launch explain hardware-mismatch"
         )
     )  # 6 GPUs alone would break verl's defaults (1024 sequences over 6 GPUs): the fix is re-checked as a whole
 
@@ -243,7 +244,8 @@ def test_fewer_gpus_than_visible_is_a_warning(tmp_path: Path) -> None:
         "(8); the rest stay idle\n"
         "  trainer.n_gpus_per_node = 6      from command line, argument 1 (trainer.n_gpus_per_node=6)\n"
         "  hardware.gpus_per_node  = 8      from hardware: nvidia-smi, 8 × NVIDIA H100 80GB HBM3 (79.6 GiB each)\n"
-        "  fix: trainer.n_gpus_per_node=8, or declare hardware.gpus_per_node=6 if leaving them idle is intended"
+        "  fix: trainer.n_gpus_per_node=8, or declare hardware.gpus_per_node=6 if leaving them idle is intended\n"
+        "  see: verl-safe-launch explain hardware-mismatch"
     )
 
 
@@ -260,7 +262,8 @@ def test_unknown_hardware_still_runs_and_names_the_tokens() -> None:
     assert render_finding(unknown) == (
         "info [hardware-unknown] GPUs per node and GPU memory unknown (not declared, no Slurm allocation or "
         "nvidia-smi detected): GPU counts come from the config and memory verdicts say 'unknown'\n"
-        "  fix: declare the hardware, e.g. hardware.gpus_per_node=8 hardware.gpu_memory_gb=80"
+        "  fix: declare the hardware, e.g. hardware.gpus_per_node=8 hardware.gpu_memory_gb=80\n"
+        "  see: verl-safe-launch explain hardware-unknown"
     )
 
 

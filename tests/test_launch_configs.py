@@ -19,7 +19,8 @@ LAUNCH = "python3 -m verl.trainer.main_ppo"
 BASE = (
     "data.train_batch_size=64 trainer.n_gpus_per_node=8 actor_rollout_ref.rollout.name=vllm "
     "actor_rollout_ref.actor.ppo_mini_batch_size=64 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4 "
-    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4 algorithm.adv_estimator=grpo"
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4 algorithm.adv_estimator=grpo "
+    "actor_rollout_ref.rollout.n=4"
 )
 
 

@@ -116,7 +116,9 @@ def test_gae_by_default_without_a_critic_model_hints_grpo() -> None:
     preflight = run_preflight(compose_for_launch(ComposeRequest(overrides=cli_tokens(tokens))))
     critic = next(f for f in preflight.findings if f.rule_id == "verl-critic-micro-keys")
     assert "did you mean `algorithm.adv_estimator=grpo`?" in critic.message
-    assert critic.fix is not None and critic.fix.startswith("algorithm.adv_estimator=grpo; or ")
+    assert critic.fix is not None and critic.fix.startswith(
+        "algorithm.adv_estimator=grpo actor_rollout_ref.rollout.n=5; or "
+    )  # GRPO needs a group: the hint is re-checked as a whole
     chosen = run_preflight(
         compose_for_launch(ComposeRequest(overrides=cli_tokens([*tokens, "algorithm.adv_estimator=gae"])))
     )

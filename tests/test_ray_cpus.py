@@ -182,6 +182,7 @@ def test_verls_entry_point_with_the_callback_stops_before_a_ray_that_would_hang(
         sys.executable,
         *PROBED_MAIN,
         "algorithm.adv_estimator=grpo",
+        "actor_rollout_ref.rollout.n=2",
         f"actor_rollout_ref.model.path={model}",
         f"trainer.n_gpus_per_node={gpus}",
         "data.train_batch_size=" + str(gpus * 2),
@@ -205,7 +206,8 @@ def test_verls_entry_point_with_the_callback_stops_before_a_ray_that_would_hang(
     assert "error [layout-ray-cpus] ray_kwargs.ray_init.num_cpus is null, so Ray on this machine counts" in (
         stopped.stderr
     )
-    assert f"fix: ray_kwargs.ray_init.num_cpus={need}" in stopped.stderr
+    block = stopped.stderr[stopped.stderr.index("error [layout-ray-cpus]") :].split("\n\n")[0]
+    assert f"fix: ray_kwargs.ray_init.num_cpus={need}" in block, block
     assert "VERL_VALIDATED" not in stopped.stdout
     fixed = run(f"ray_kwargs.ray_init.num_cpus={need}")
     assert "layout-ray-cpus" not in fixed.stderr, fixed.stderr[-3000:]

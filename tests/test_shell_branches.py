@@ -112,7 +112,7 @@ python3 -m verl.trainer.main_ppo "${RAY[@]}" data.train_batch_size=8 \\
 
 MICRO = (
     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2 actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2"
-    " actor_rollout_ref.rollout.name=vllm algorithm.adv_estimator=grpo"
+    " actor_rollout_ref.rollout.name=vllm algorithm.adv_estimator=grpo actor_rollout_ref.rollout.n=4"
 )
 
 

@@ -22,8 +22,10 @@ _RESOLVE_FIXES = (
 )
 
 
-def resolution_findings(composed: Composed) -> list[Finding]:
-    """One error per leaf whose interpolation OmegaConf (and so verl and ``run``) cannot resolve."""
+def resolution_findings(composed: Composed, job: str | None = None) -> list[Finding]:
+    """One error per leaf whose interpolation OmegaConf (and so verl and ``run``) cannot resolve. For a job
+    written to run elsewhere (``job``: ``slurm``, ``kuberay``), an environment variable unset here is read where
+    the job runs: a warning naming where to set it."""
     findings: list[Finding] = []
     if composed.cfg is None or resolves_flat(composed.cfg):
         return findings  # a script audit composes the flat view only; or nothing fails to resolve
@@ -36,6 +38,11 @@ def resolution_findings(composed: Composed) -> list[Finding]:
             fix = next(
                 (f for marker, f in _RESOLVE_FIXES if marker in problem), "write a value that resolves"
             )
+            if job is not None and problem.startswith(
+                'KeyError raised while resolving interpolation: "Environment'
+            ):
+                findings.append(_elsewhere(key, raw, problem, prov.source, job))
+                continue
             findings.append(
                 Finding(
                     "config-unresolved",
@@ -47,6 +54,24 @@ def resolution_findings(composed: Composed) -> list[Finding]:
                 )
             )
     return findings
+
+
+def _elsewhere(key: str, raw: str, problem: str, source: Source, job: str) -> Finding:
+    """An ``${oc.env:NAME}`` unset here, in a job that runs elsewhere with the environment it is given there."""
+    where = (
+        "sbatch passes the environment it runs in on to the job"
+        if job == "slurm"
+        else "set it in the job's pod"
+    )
+    return Finding(
+        "config-unresolved",
+        Severity.WARNING,
+        (key,),
+        f"{key}={raw} does not resolve here ({problem}); the {job} job reads it where it runs ({where}), "
+        "and verl stops there if it is unset",
+        f"{key}: export the variable where the job is submitted from, or give a default: ${{oc.env:NAME,default}}",
+        ((key, raw, source),),
+    )
 
 
 def _resolve_problem(cfg: Any, key: str) -> str | None:

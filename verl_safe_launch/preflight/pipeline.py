@@ -53,7 +53,10 @@ def run_preflight(composed: Composed, hardware: HardwareFacts | HardwareProfile 
     """Run every pre-flight stage on a composed config and collect all findings."""
     profile = as_profile(composed.tool, hardware)
     ctx = rule_context(composed, profile.facts())
-    findings: list[Finding] = [*structure_findings(composed), *resolution_findings(composed)]
+    findings: list[Finding] = [
+        *structure_findings(composed),
+        *resolution_findings(composed, profile.allocation_for),
+    ]
     findings.extend(audit(composed))
     findings.extend(preset_findings(composed, profile))
     findings.extend(hardware_findings(composed.view, profile))
