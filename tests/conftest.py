@@ -54,6 +54,20 @@ def _caches_in_test_dirs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[N
         yield
 
 
+@pytest.fixture(autouse=True)
+def _no_verl_choice_left_behind() -> Iterator[None]:
+    """A test that made another verl the one checks read (``--verl``, a project's vendored copy, in this process)
+    leaves the installed one to the next test on this worker."""
+    yield
+    from verl_safe_launch.inputs import choose_verl, chosen_verl
+    from verl_safe_launch.inputs.verl_paths import installed_verl
+
+    for scope in ("user", "project"):
+        chosen = chosen_verl(scope)
+        if chosen is not None and chosen[0] != installed_verl()[0]:
+            choose_verl(None, scope=scope)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def knowledge_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """What is derived from verl is cached in a temporary directory, never in the user's cache."""

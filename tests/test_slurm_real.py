@@ -56,10 +56,11 @@ def write_job(cli: Callable[..., CliResult], where: Path, nodes: int, *extra: st
     return script
 
 
-def submit(slurm: SlurmCluster, script: Path, ray_root: Path, *options: str) -> Job:
-    job_id = slurm.sbatch(
-        script, *options, cwd=script.parent, env={"VSL_RAY_TMP_ROOT": str(ray_root), "TMPDIR": str(ray_root)}
-    )
+def submit(
+    slurm: SlurmCluster, script: Path, ray_root: Path, *options: str, env: dict[str, str] | None = None
+) -> Job:
+    given = {"VSL_RAY_TMP_ROOT": str(ray_root), "TMPDIR": str(ray_root), **(env or {})}
+    job_id = slurm.sbatch(script, *options, cwd=script.parent, env=given)
     return slurm.wait(job_id, script.parent / f"{script.stem}-{job_id}.out", JOB_TIMEOUT_S)
 
 
@@ -200,8 +201,10 @@ def test_migrated_two_node_job_runs_preflight_and_ray(
     written = cli(*words[1:at], *here, *words[at:])
     assert written.code == 0, written.out + written.err
     assert "not-a-real-key" not in Path(words[at + 1]).read_text()
-    job = submit(slurm, Path(words[at + 1]), ray_root)
+    # The secret is exported where sbatch runs, as migrate's note says: sbatch hands it on to the job.
+    job = submit(slurm, Path(words[at + 1]), ray_root, env={"WANDB_API_KEY": "not-a-real-key-0451"})
     assert (job.state, job.exit_code) == ("COMPLETED", 0), job.log
+    assert "not-a-real-key" not in job.log
     lines = job.log.splitlines()
     assert "  trainer.nnodes          = 2  matches Slurm allocation, SLURM_JOB_NUM_NODES=2" in lines
     assert "Ray cluster ready: 2/2 nodes joined: n1 (2 GPU, 16 CPU), n2 (2 GPU, 16 CPU)" in lines

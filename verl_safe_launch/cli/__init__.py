@@ -178,4 +178,10 @@ def console_main() -> None:
         code = main()
     except KeyboardInterrupt:  # before main's own handler was in place, or while it reported the first
         code = _report("interrupted (Ctrl-C)", EXIT_INTERRUPTED, traceback_too=False)
+    deadline = sys.modules.get("verl_safe_launch.launch.deadline")  # loaded only by verbs that wait on Ray
+    abandoned = getattr(deadline, "ABANDONED", [])
+    if any(thread.is_alive() for thread in abandoned):  # a native call still running: skip the teardown
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
     sys.exit(code)

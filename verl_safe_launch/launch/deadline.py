@@ -8,6 +8,10 @@ from typing import TypeVar
 
 T = TypeVar("T")
 
+ABANDONED: list[threading.Thread] = []
+"""Threads left running at a deadline. One still inside Ray's native client can crash the interpreter's teardown
+(a segmentation fault after the error was reported), so a process that has one ends with ``os._exit``."""
+
 
 def within(fn: Callable[[], T], seconds: float) -> T:
     """``fn()`` in a daemon thread: its result, its exception re-raised, or TimeoutError at the deadline.
@@ -27,6 +31,7 @@ def within(fn: Callable[[], T], seconds: float) -> T:
     thread.start()
     thread.join(seconds)
     if not box:
+        ABANDONED.append(thread)
         raise TimeoutError(f"no answer within {seconds:g} s")
     ok, value = box[0]
     if not ok:
