@@ -62,12 +62,7 @@ def read_input(
         raise InputError(
             f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}", where=where
         ) from None
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
-        os.close(fd)
-        raise InputError(
-            f"{path} is {kind_of(mode)}, not a regular file", where=where, fix=f"pass a {what} saved on disk"
-        )
+    _only_regular(fd, path, what, where)
     with os.fdopen(fd, "rb") as handle:
         try:
             data = handle.read(limit + 1)
@@ -82,6 +77,16 @@ def read_input(
     return data
 
 
+def _only_regular(fd: int, path: Path, what: str, where: str | None) -> None:
+    """Close ``fd`` and raise InputError unless it is a regular file (a FIFO, a device, a socket, a directory)."""
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise InputError(
+            f"{path} is {kind_of(mode)}, not a regular file", where=where, fix=f"pass a {what} saved on disk"
+        )
+
+
 def open_regular(path: Path | str, *, what: str = "file", where: str | None = None) -> BinaryIO:
     """A regular file opened for streaming (any size); a FIFO, a device (``/dev/zero`` behind a link), a socket
     or a directory is an InputError at once, never waited on or read forever."""
@@ -92,12 +97,7 @@ def open_regular(path: Path | str, *, what: str = "file", where: str | None = No
         raise InputError(
             f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}", where=where
         ) from None
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
-        os.close(fd)
-        raise InputError(
-            f"{path} is {kind_of(mode)}, not a regular file", where=where, fix=f"pass a {what} saved on disk"
-        )
+    _only_regular(fd, path, what, where)
     os.set_blocking(fd, True)
     return os.fdopen(fd, "rb")
 
