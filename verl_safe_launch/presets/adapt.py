@@ -8,7 +8,7 @@ from verl_safe_launch.inputs import GPU_KEYS, HardwareProfile, count_of, load_ar
 from verl_safe_launch.memory import fit_knobs
 from verl_safe_launch.presets.catalog import ACTOR_SP, MICRO_KEYS, REF_SP
 from verl_safe_launch.presets.memory_plan import memory_plan
-from verl_safe_launch.presets.state import Adaptation, critic_arch, heads_clause, heads_ok
+from verl_safe_launch.presets.state import Adaptation, critic_arch, heads_clause
 from verl_safe_launch.provenance import Write
 from verl_safe_launch.rules import (
     ACTOR_MICRO,
@@ -23,6 +23,7 @@ from verl_safe_launch.rules import (
     nearest,
     rollout_tp_ok,
     sync_steps,
+    ulysses_heads_ok,
 )
 
 
@@ -59,7 +60,7 @@ def _ulysses(state: Adaptation) -> None:
     current, gpus = state.value(ACTOR_SP), state.gpus
     if not state.owned(ACTOR_SP) or current is None or current <= 1 or gpus is None:
         return
-    pick = max(d for d in range(1, current + 1) if gpus % d == 0 and heads_ok(state.arch, d))
+    pick = max(d for d in range(1, current + 1) if gpus % d == 0 and ulysses_heads_ok(state.arch, d))
     reason = f"the largest size up to {current} that divides {gpus} GPUs{heads_clause(state.arch)}"
     state.change(ACTOR_SP, pick, reason)
     if state.owned(REF_SP) and state.value(REF_SP) == current:

@@ -11,9 +11,9 @@ from verl_safe_launch.findings import Finding, Severity
 from verl_safe_launch.inputs import GPU_KEYS, HardwareProfile, load_architecture
 from verl_safe_launch.memory import memory_findings
 from verl_safe_launch.presets.catalog import AUTO, USER_LAYERS, auto_counts, choose_auto
-from verl_safe_launch.presets.state import heads_clause, heads_ok
+from verl_safe_launch.presets.state import heads_clause
 from verl_safe_launch.provenance import Layer
-from verl_safe_launch.rules import divisors, pos_int
+from verl_safe_launch.rules import divisors, pos_int, rollout_tp_ok
 
 
 def preset_findings(composed: Composed, profile: HardwareProfile) -> list[Finding]:
@@ -74,7 +74,7 @@ def _cannot_fit(composed: Composed, profile: HardwareProfile) -> list[Finding]:
         return []
     gpu, gpn = facts.gpu_memory_gb, pos_int(view.get(GPU_KEYS[0][0])) or 1
     nodes = pos_int(view.get(GPU_KEYS[1][0])) or 1
-    tp = max(d for d in divisors(gpn) if heads_ok(arch, d))
+    tp = max(d for d in divisors(gpn) if rollout_tp_ok(view, arch, d))
     weights = arch.params * 2 / tp / 2**30
     model = view.get("actor_rollout_ref.model.path")
     if weights >= gpu:

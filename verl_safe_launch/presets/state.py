@@ -53,13 +53,6 @@ class Adaptation:
         )
 
 
-def heads_ok(arch: Architecture | None, size: int) -> bool:
-    if arch is None:
-        return True
-    kv = arch.num_key_value_heads
-    return arch.num_attention_heads % size == 0 and (kv % size == 0 or size % kv == 0)
-
-
 def heads_clause(arch: Architecture | None) -> str:
     if arch is None:
         return ""

@@ -16,6 +16,7 @@ from verl_safe_launch.rules.fixes import (
     set_fix,
 )
 from verl_safe_launch.rules.kit import sources
+from verl_safe_launch.rules.layout import heads_ok as ulysses_heads_ok
 from verl_safe_launch.rules.mcore import megatron_tp_ok
 from verl_safe_launch.rules.plan import (
     ACTOR_MICRO,
@@ -74,5 +75,6 @@ __all__ = [
     "set_fix",
     "sources",
     "sync_steps",
+    "ulysses_heads_ok",
     "with_values",
 ]

@@ -140,13 +140,16 @@ def sp_key(view: ConfigView, layout: RoleLayout) -> str:
 
 def sp_fix(view: ConfigView, layout: RoleLayout, gpus: int, arch: Architecture | None) -> KeyFix | None:
     """Ulysses sizes that divide the GPUs (and the heads, when the architecture is known)."""
-    valid = [s for s in divisors(gpus) if arch is None or heads_ok(arch, s)]
+    valid = [s for s in divisors(gpus) if heads_ok(arch, s)]
     key = sp_key(view, layout)
     return KeyFix(key, tuple(largest_first_at_most(layout.sp or 1, valid)), complete=True) if valid else None
 
 
-def heads_ok(arch: Architecture, sp: int) -> bool:
-    """verl's Ulysses patch: heads divisible by sp; KV heads divisible by sp or the other way round."""
+def heads_ok(arch: Architecture | None, sp: int) -> bool:
+    """verl's Ulysses patch: heads divisible by sp; KV heads divisible by sp or the other way round (an unknown
+    model: any size)."""
+    if arch is None:
+        return True
     kv_heads = arch.num_key_value_heads
     return arch.num_attention_heads % sp == 0 and (kv_heads % sp == 0 or sp % kv_heads == 0)
 
