@@ -3,13 +3,12 @@ the user (an unknown key with a did-you-mean, a '+' on a key that exists)."""
 
 from __future__ import annotations
 
-import difflib
 from typing import Any
 
 from verl_safe_launch.compose import _hydra
 from verl_safe_launch.config_view import flatten
 from verl_safe_launch.errors import UsageError
-from verl_safe_launch.inputs import OverrideToken
+from verl_safe_launch.inputs import OverrideToken, did_you_mean
 
 
 def deepest_node(cfg: Any, key: str) -> str:
@@ -92,15 +91,9 @@ def refusal(first: str, key: str, token: OverrideToken, cfg: Any) -> UsageError 
 
 
 def _did_you_mean(key: str, cfg: Any) -> str | None:
+    """A key of the config ``key`` means (a typo of a sibling, the same leaf moved), never one merely alike."""
     from omegaconf import OmegaConf
 
     if cfg is None:
         return None
-    known = list(flatten(OmegaConf.to_container(cfg, resolve=False)))  # type: ignore[arg-type]
-    matches = difflib.get_close_matches(key, known, n=1, cutoff=0.75)
-    if matches:
-        return matches[0]
-    leaf = key.rsplit(".", 1)[-1]
-    same_leaf = [k for k in known if k.rsplit(".", 1)[-1] == leaf]
-    close = difflib.get_close_matches(key, same_leaf, n=1, cutoff=0.0)
-    return close[0] if close else None
+    return did_you_mean(key, flatten(OmegaConf.to_container(cfg, resolve=False)))  # type: ignore[arg-type]

@@ -26,7 +26,6 @@ from verl_safe_launch.inputs import (
     cached_bytes,
     charge_verl_yaml,
     composition_budget,
-    did_you_mean,
     display_path,
     parse_override,
     read_yaml,
@@ -258,14 +257,6 @@ def require_accepted(composed: Composed) -> Composed:
         found = refusal(r.reason, r.key, r.token, composed.cfg)
         errors.append(found or UsageError(f"cannot apply override '{r.token.text}': {r.reason}"))
     raise collect(errors)
-
-
-def _did_you_mean(key: str, cfg: Any) -> str | None:
-    from omegaconf import OmegaConf
-
-    if cfg is None:
-        return None
-    return did_you_mean(key, flatten(OmegaConf.to_container(cfg, resolve=False)))  # type: ignore[arg-type]
 
 
 def _override_writes(override: Any, token: OverrideToken) -> list[Write]:
