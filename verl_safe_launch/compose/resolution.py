@@ -8,10 +8,12 @@ from verl_safe_launch.compose.engine import Composed, resolves_flat
 from verl_safe_launch.findings import Finding, Severity
 from verl_safe_launch.provenance import Layer, Source
 
+UNSET_ENV = "Environment variable"
+"""How OmegaConf's oc.env resolver words a variable that is not set."""
 _RESOLVE_FIXES = (
     ("Recursive", "the interpolation refers to itself: write a value, or point it at another key"),
     (
-        "Environment variable",
+        UNSET_ENV,
         "export the variable before launching, or give a default: ${{oc.env:NAME,default}}",
     ),
     (
@@ -38,9 +40,7 @@ def resolution_findings(composed: Composed, job: str | None = None) -> list[Find
             fix = next(
                 (f for marker, f in _RESOLVE_FIXES if marker in problem), "write a value that resolves"
             )
-            if job is not None and problem.startswith(
-                'KeyError raised while resolving interpolation: "Environment'
-            ):
+            if job is not None and UNSET_ENV in problem:
                 findings.append(_elsewhere(key, raw, problem, prov.source, job))
                 continue
             findings.append(
