@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from verl_safe_launch.compose import Composed
 from verl_safe_launch.config_view import ConfigView
 from verl_safe_launch.context import RuleContext
 from verl_safe_launch.findings import Finding, Severity
 from verl_safe_launch.inputs import GPU_KEYS, HardwareProfile, load_architecture
 from verl_safe_launch.memory import memory_findings
-from verl_safe_launch.presets.catalog import AUTO, USER_LAYERS, auto_counts, choose_auto
+from verl_safe_launch.presets.catalog import AUTO, auto_counts, choose_auto
 from verl_safe_launch.presets.state import heads_clause
 from verl_safe_launch.provenance import Layer
 from verl_safe_launch.rules import divisors, pos_int, rollout_tp_ok
@@ -49,14 +47,6 @@ def preset_name(view: ConfigView) -> str | None:
             if source.layer is Layer.PRESET and source.name:
                 return source.name
     return None
-
-
-def user_set(view: ConfigView) -> Callable[[str], bool]:
-    def chosen(key: str) -> bool:
-        prov = view.prov(key)
-        return prov is not None and prov.source.layer in USER_LAYERS
-
-    return chosen
 
 
 def _cannot_fit(composed: Composed, profile: HardwareProfile) -> list[Finding]:
