@@ -1,6 +1,6 @@
 #!/bin/bash
 # GRPO on GSM8K, edited over time: the KL loss was switched off near the top and switched back on
-# further down, and the GPU count was pasted twice.
+# further down, and the GPU count was pasted twice, the second time for a 6-GPU node.
 set -x
 
 python3 -m verl.trainer.main_ppo \
@@ -23,5 +23,5 @@ python3 -m verl.trainer.main_ppo \
     trainer.nnodes=1 \
     actor_rollout_ref.actor.use_kl_loss=True \
     actor_rollout_ref.actor.kl_loss_coef=0.001 \
-    trainer.n_gpus_per_node=4 \
+    trainer.n_gpus_per_node=6 \
     trainer.total_epochs=3

@@ -37,7 +37,8 @@ python3 -m verl.trainer.main_ppo \\
     trainer.n_gpus_per_node=8 {extra}
 """
 GROUP = "actor_rollout_ref.rollout.n=4"  # GRPO compares a group of responses per prompt
-NO_GO = "#!/bin/bash\n" + LAUNCH.format(extra=f"{GROUP} trainer.nnodes=1 trainer.nnodes=2")
+# the node count pasted twice: Hydra keeps 3, and 64 prompts × 4 do not split over 24 GPUs (validate_config stops)
+NO_GO = "#!/bin/bash\n" + LAUNCH.format(extra=f"{GROUP} trainer.nnodes=1 trainer.nnodes=3")
 GO = "#!/bin/bash\n" + LAUNCH.format(extra=f"{GROUP} trainer.nnodes=1")
 SFT = "#!/bin/bash\ntorchrun --nproc_per_node=8 -m verl.trainer.fsdp_sft_trainer data.train_batch_size=8\n"
 PREP = "#!/bin/bash\npython3 examples/data_preprocess/gsm8k.py --local_dir ~/data/gsm8k\n"
@@ -122,8 +123,8 @@ def test_folder_audit_table_totals_and_exit_code(repo: Path, cli: Cli) -> None:
     table = result.out[result.out.rindex("\nscript ") + 1 :].splitlines()
     assert table[0].split() == ["script", "verdict", "errors", "warnings", "first", "error"]
     rows = {line.split()[0]: line.split() for line in table[1:-1]}
-    assert rows[f"{repo}/recipes/broken_batch.sh"][1:3] == ["NO-GO", "1"]
-    assert rows[f"{repo}/recipes/broken_batch.sh"][4] == "duplicate-key"
+    assert rows[f"{repo}/recipes/broken_batch.sh"][1:4] == ["NO-GO", "2", "3"]
+    assert rows[f"{repo}/recipes/broken_batch.sh"][4] == "batch-train-divisible-gpus"
     assert rows[f"{repo}/recipes/grpo.sh"][1] == "GO"
     assert rows[f"{repo}/recipes/sft.sh"][1] == "skipped"
     assert "verl.trainer.fsdp_sft_trainer (SFT)" in " ".join(rows[f"{repo}/recipes/sft.sh"])
@@ -200,7 +201,8 @@ def test_junit_has_one_testcase_per_launch(repo: Path, cli: Cli) -> None:
     cases = {case.get("name"): case for suite in suites for case in suite.findall("testcase")}
     broken = next(case for name, case in cases.items() if name and "broken_batch.sh:" in name)
     failure = broken.find("failure")
-    assert failure is not None and "[duplicate-key]" in (failure.get("message") or "")
+    assert failure is not None and "[batch-train-divisible-gpus]" in (failure.get("message") or "")
+    assert "[duplicate-key]" in (failure.text or ""), "the warnings are listed with the errors"
     sft = next(case for name, case in cases.items() if name and name.endswith("sft.sh"))
     assert sft.find("skipped") is not None
     launches = [c for n, c in cases.items() if n and (".sh:" in n or ".sbatch:" in n or "runner:" in n)]
@@ -216,15 +218,15 @@ def test_baseline_accepts_known_findings_and_reports_stale_ones(repo: Path, cli:
     broken = repo / "recipes" / "broken_batch.sh"
     broken.write_text(
         "# moved down a line by an unrelated edit\n"
-        + NO_GO.replace("data.train_batch_size=64", "data.train_batch_size=32")
+        + NO_GO.replace("Qwen2.5-0.5B-Instruct", "Qwen2.5-1.5B-Instruct")
     )
     assert cli("audit", str(repo), "--baseline", str(base)).code == 0, "lines moved, another key changed"
-    broken.write_text(NO_GO.replace("trainer.nnodes=2", "trainer.nnodes=3"))
+    broken.write_text(NO_GO.replace("data.train_batch_size=64", "data.train_batch_size=32"))
     again = cli("audit", str(repo), "--baseline", str(base))
     assert again.code == 1, "a new value is a new finding"
     assert (
-        "stale baseline entry: [duplicate-key]" in again.out
-        and "trainer.nnodes=2 no longer found" in again.out
+        "stale baseline entry: [batch-train-divisible-gpus]" in again.out
+        and "data.train_batch_size=64 no longer found" in again.out
     )
 
 

@@ -82,18 +82,21 @@ def test_check_bad_input_exits_2(cli: Cli, argv: tuple[str, ...], message: str) 
 # --- audit ------------------------------------------------------------------------------------------------
 
 
-def test_audit_false_then_true_exits_1_and_names_both_lines(cli: Cli) -> None:
+def test_audit_false_then_true_warns_names_both_lines_and_strict_refuses(cli: Cli) -> None:
+    """verl runs the script with the last value Hydra keeps: a warning (exit 0), which --strict turns into exit 1."""
     result = cli("audit", str(FLIP))
-    assert result.code == 1
+    assert result.code == 0
+    assert cli("audit", str(FLIP), "--strict").code == 1
     assert (
-        f"error [duplicate-key] {ARR}.actor.use_kl_loss is set 2 times in script {FLIP}: false (line 14), "
+        f"warning [duplicate-key] {ARR}.actor.use_kl_loss is set 2 times in script {FLIP}: false (line 14), "
         f"then true (line 24); Hydra silently keeps the last, true\n"
         f"  {ARR}.actor.use_kl_loss = false  from script, {FLIP}:14 ({ARR}.actor.use_kl_loss=False)\n"
         f"  {ARR}.actor.use_kl_loss = true   from script, {FLIP}:24 ({ARR}.actor.use_kl_loss=True)\n"
     ) in result.out
+    verbose = cli("audit", str(FLIP), "--verbose")
     assert (
-        f"warning [duplicate-key] trainer.n_gpus_per_node is set 2 times in script {FLIP}, each time"
-        in result.out
+        f"info [duplicate-key] trainer.n_gpus_per_node is set 2 times in script {FLIP}, each time"
+        in verbose.out
     )
 
 
@@ -228,7 +231,9 @@ def test_rich_table_groups_by_severity() -> None:
 
 def test_console_script_end_to_end() -> None:
     exe = Path(sys.executable).parent / "verl-safe-launch"
-    done = subprocess.run([str(exe), "audit", str(FLIP)], capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [str(exe), "audit", str(FLIP), "--strict"], capture_output=True, text=True, check=False
+    )
     assert done.returncode == 1
     assert "line 14" in done.stdout and "line 24" in done.stdout
 

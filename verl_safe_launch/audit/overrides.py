@@ -75,13 +75,13 @@ def _duplicate(key: str, writes: list[Write]) -> Finding:
     if all(w.value == last.value for w in writes):
         message = f"{key} is set {len(writes)} times in {where}, each time to {format_value(last.value)} ({_positions(writes)})"
         return finding(
-            "duplicate-key", Severity.WARNING, (key,), message, f"delete the repeat on {earlier}", writes
+            "duplicate-key", Severity.INFO, (key,), message, f"delete the repeat on {earlier}", writes
         )
     message = f"{key} is set {len(writes)} times in {where}: {steps}; Hydra silently keeps the last, {format_value(last.value)}"
     fix = f"keep one: {key}={format_value(last.value)} (delete {earlier})"
     if len(writes) == 2:
         fix += f", or {key}={format_value(writes[0].value)} (delete {position(last.source)})"
-    return finding("duplicate-key", Severity.ERROR, (key,), message, fix, writes)
+    return finding("duplicate-key", Severity.WARNING, (key,), message, fix, writes)
 
 
 def _positions(writes: list[Write]) -> str:

@@ -174,7 +174,7 @@ def _holds_unless(finding: Finding, part: ScriptNote, unread: Unread, launch: Sc
     """The finding as it stands when the unread part could change it only by repeating a key of the launch.
 
     Every key the finding depends on is written on the launch line before the part (so setting it again there is
-    itself a ``duplicate-key`` error), and no config-group choice bears on it. ``duplicate-key`` holds whatever
+    itself flagged as ``duplicate-key``), and no config-group choice bears on it. ``duplicate-key`` holds whatever
     the part is; any other finding says which keys the part would have to set. None when this does not apply.
     """
     keys = depends_on(finding)
@@ -195,8 +195,8 @@ def _holds_unless(finding: Finding, part: ScriptNote, unread: Unread, launch: Sc
 
 
 def _deliberate(finding: Finding, launch: ScriptLaunch) -> Finding:
-    """A key defined before the launch (in an array or a variable) and replaced on the launch line: a warning."""
-    if finding.rule_id != "duplicate-key" or finding.severity is not Severity.ERROR:
+    """A key defined before the launch (in an array or a variable) and replaced on the launch line: info."""
+    if finding.rule_id != "duplicate-key" or finding.severity is not Severity.WARNING:
         return finding
     lines = [source.line for _key, _value, source in finding.sources]
     if None in lines or len(lines) < 2:
@@ -208,7 +208,7 @@ def _deliberate(finding: Finding, launch: ScriptLaunch) -> Finding:
         f"{finding.message}; the launch on line {launch.line} replaces a value defined earlier in the script, "
         "which looks deliberate"
     )
-    return replace(finding, severity=Severity.WARNING, message=message)
+    return replace(finding, severity=Severity.INFO, message=message)
 
 
 def _emptied(launch: ScriptLaunch) -> list[Finding]:

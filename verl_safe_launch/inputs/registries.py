@@ -280,7 +280,7 @@ def _branch_group(tree: ast.Module, enums: dict[str, dict[str, str]]) -> set[str
 
 def read_group_estimators(root: Path) -> list[str]:
     """Advantage estimators of the verl package under ``root`` that compare the responses to one prompt: their
-    function takes the group ``index`` (with one response per prompt every advantage is 0)."""
+    function takes the group ``index`` (with one response per prompt there is no group; verl gives it the baseline 0)."""
     found: set[str] = set()
     trees = []
     enums: dict[str, dict[str, str]] = {}

@@ -67,8 +67,11 @@ class JunitWriter:
         head = f"    <testcase classname={_attr(result.path)} name={_attr(launch.launch.label)}"
         if not self._fails(launch):
             return head + "/>\n"
-        shown = [f for f in launch.findings if f.severity is not Severity.INFO]
-        first = shown[0] if shown else None
+        shown = sorted(
+            (f for f in launch.findings if f.severity is not Severity.INFO),
+            key=lambda f: f.severity is not Severity.ERROR,
+        )
+        first = shown[0] if shown else None  # the message names the first error; the body lists the warnings too
         message = f"{launch.verdict.upper()}: [{first.rule_id}] {first.message}" if first else launch.verdict
         body = "\n\n".join(render_finding(f) for f in shown)
         if launch.settle:

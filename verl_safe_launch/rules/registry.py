@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Callable
 
 from verl_safe_launch.config_view import ARR, ConfigView, format_value, is_missing
 from verl_safe_launch.context import RuleContext
-from verl_safe_launch.findings import Rule
+from verl_safe_launch.findings import Rule, Severity
 from verl_safe_launch.inputs import (
     REGISTRIES,
     Registry,
@@ -81,22 +82,45 @@ GROUP_SIZE = f"{ARR}.rollout.n"
 @check(
     "verl-group-estimator-n",
     "a group advantage estimator (GRPO, RLOO...) gets more than one response per prompt",
+    Severity.WARNING,
 )
 def group_of_one(ctx: RuleContext) -> list[Draft]:
     """The estimators whose function takes the group ``index`` (read from the verl in use) compare the responses
-    to one prompt; with ``rollout.n=1`` there is no group to compare."""
+    to one prompt; with ``rollout.n=1`` there is no group to compare. verl runs it (the advantage becomes the raw
+    reward or 0, by estimator), so this is a warning. A fork that carries the group size in
+    a key of its own (``rollout.n_agent``, ``agent_grpo.n``) is not judged on ``rollout.n``."""
     view = ctx.view
     estimator, n = view.get(ESTIMATOR), view.get(GROUP_SIZE)
     if not isinstance(estimator, str) or estimator not in group_estimators() or n != 1:
         return []
+    if other_group_sizes(view):
+        return []
     msg = (
         f"{kv(view, ESTIMATOR)} compares the responses to one prompt with each other, and {kv(view, GROUP_SIZE)} "
-        f"gives each prompt one response: there is no group, so the run does not train {estimator} (verl "
-        "0.9.1 takes a group of one as mean 0 and std 1, so the advantage is the raw reward with no baseline, "
-        "or 0, or the estimator raises)"
+        f"gives each prompt one response: there is no group to compare, and {verl_release().name} runs it with "
+        f"the advantage set to the raw reward (a group of one gets the baseline 0: grpo, rloo) or to 0 (the "
+        f"baseline is the reward itself: rloo_vectorized), so the run is not the {estimator} its name says"
     )
     fixes = (KeyFix(GROUP_SIZE, (5,)), KeyFix(ESTIMATOR, ("gae",)))
     return [Draft((ESTIMATOR, GROUP_SIZE), msg, fixes)]
+
+
+GROUP_LEAF = re.compile(r"n|n_(agent|samples?|repeats?|responses?|rollouts?|generations?)")
+
+
+def other_group_sizes(view: ConfigView) -> list[str]:
+    """Keys other than ``rollout.n`` (and the validation sampling's ``n``) that can carry a group size: a leaf named
+    ``n`` or ``n_agent``, ``n_samples``... holding an integer above 1, as forks name theirs (``rollout.n_agent``,
+    ``agent_grpo.n``)."""
+    found = []
+    for key in view.values:
+        leaf = key.rsplit(".", 1)[-1]
+        if key == GROUP_SIZE or ".val_kwargs." in f".{key}." or not GROUP_LEAF.fullmatch(leaf):
+            continue
+        value = view.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 1:
+            found.append(key)
+    return found
 
 
 LOAD_FORMAT = f"{ARR}.rollout.load_format"
