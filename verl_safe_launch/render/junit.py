@@ -71,7 +71,8 @@ class JunitWriter:
             (f for f in launch.findings if f.severity is not Severity.INFO),
             key=lambda f: f.severity is not Severity.ERROR,
         )
-        first = shown[0] if shown else None  # the message names the first error; the body lists the warnings too
+        # the message names the first error; the body lists the warnings too
+        first = shown[0] if shown else None
         message = f"{launch.verdict.upper()}: [{first.rule_id}] {first.message}" if first else launch.verdict
         body = "\n\n".join(render_finding(f) for f in shown)
         if launch.settle:
