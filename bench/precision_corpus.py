@@ -74,8 +74,12 @@ def measure(entries: list[dict[str, Any]], which: str) -> dict[str, Any]:
             tally["right"] += len(errors) if fails else 0
             if fails:
                 tally["refused"] += 1
-                tally["refused_nogo"] += item.verdict == "no-go"
-                if item.verdict != "no-go":
+                verdict = item.verdict
+                if verdict == "unverified" and _under_oracle_env(auditor, entry, k, item) == "no-go":
+                    verdict = "no-go"  # the oracle ran with the variables unset; so audited, it is NO-GO
+                    tally["settled_by_env"] += 1
+                tally["refused_nogo"] += verdict == "no-go"
+                if verdict != "no-go":
                     why = want.get("verdict") or want.get("compose_error") or ""
                     tally["missed"].append(f"{label} ({item.verdict}): {why[:120]}")
             elif item.verdict == "no-go":
@@ -85,6 +89,28 @@ def measure(entries: list[dict[str, Any]], which: str) -> dict[str, Any]:
                 tally["false_nogo"].append(f"{label}: {rules} {first}")
     choose_verl(None)
     return tally
+
+
+def _under_oracle_env(auditor: Any, entry: dict[str, Any], k: int, item: Any) -> str | None:
+    """The verdict of one UNVERIFIED launch audited as the oracle ran it: every environment variable the launch's
+    own settle command names taken as unset (empty), which is what the oracle's bash saw. None when the launch
+    does not wait on the environment alone (a sourced file, a command substitution: those need ``--trace``)."""
+    import re
+
+    from verl_safe_launch.preflight import Auditor
+
+    settle = item.settle or ""
+    if "--trace" in settle:
+        return None
+    names = re.findall(r"--env (\w+)=", settle)
+    if not names:
+        return None
+    again = Auditor(job_findings=auditor.job_findings, env=dict.fromkeys(names, "")).script(
+        Path(entry["script"])
+    )
+    if again.error is not None or len(again.launches) <= k:
+        return None
+    return str(again.launches[k].verdict)
 
 
 def _suggestions(tally: dict[str, Any], findings: Any) -> None:
@@ -114,7 +140,10 @@ def report(name: str, tally: dict[str, Any], seconds: float, verbose: bool) -> N
     print(f"== {name}: {tally['launches']} launches ({seconds:.0f} s), checked against {dict(tally['verl'])}")
     print(f"  error findings {errors}, right {right}, error precision {precision:.1%}")
     print(f"  false NO-GO {len(tally['false_nogo'])} by rule {dict(tally['by_rule'])}")
-    print(f"  refused by verl {tally['refused']}, NO-GO {tally['refused_nogo']}, recall {recall:.1%}")
+    print(
+        f"  refused by verl {tally['refused']}, NO-GO {tally['refused_nogo']} ({tally['settled_by_env']} of them "
+        f"UNVERIFIED and NO-GO once audited with the oracle's unset variables), recall {recall:.1%}"
+    )
     print(f"  launch count differs {tally['count_mismatch']}, crashes {len(tally['crashes'])}")
     print(
         f"  unknown keys {tally['unknown_keys']}, headlines naming another verl {tally['headlines']}, "

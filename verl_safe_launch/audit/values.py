@@ -344,7 +344,11 @@ def missing_required(ctx: AuditContext) -> list[Finding]:
         if not is_missing(value):
             continue
         gate = REQUIRED_WHEN.get(key)
-        if (gate is not None and not ctx.view.get(gate)) or _switched_off(ctx, key):
+        if (
+            (gate is not None and not ctx.view.get(gate))
+            or _switched_off(ctx, key)
+            or _legacy_reward(ctx, key)
+        ):
             continue
         message = (
             f"{key} has no value: {verl_release().name} leaves it mandatory ('???') and fails when it is read"
@@ -354,6 +358,15 @@ def missing_required(ctx: AuditContext) -> list[Finding]:
         writes = [Write(key, value, prov.source)] if prov else []
         findings.append(finding("missing-required", Severity.ERROR, (key,), message, fix, writes))
     return findings
+
+
+def _legacy_reward(ctx: AuditContext, key: str) -> bool:
+    """A reward model's rollout under ``use_reward_loop: false`` (releases that have the switch): the trainer
+    scores with the legacy reward-model worker, which never reads the rollout section."""
+    if not key.endswith("reward_model.rollout.name"):
+        return False
+    section = key.removesuffix(".rollout.name")
+    return ctx.view.get(f"{section}.use_reward_loop") is False
 
 
 def _switched_off(ctx: AuditContext, key: str) -> bool:

@@ -20,6 +20,7 @@ from verl_safe_launch.cli._common import (
 from verl_safe_launch.compose import Composed
 from verl_safe_launch.errors import EXIT_OK, EXIT_PREFLIGHT, UsageError
 from verl_safe_launch.files import check_target, write_atomic
+from verl_safe_launch.findings import Severity
 from verl_safe_launch.inputs import request_from_args
 from verl_safe_launch.preflight import fitted_file, header_lines, run_preflight
 from verl_safe_launch.presets import compose_for_launch
@@ -35,7 +36,7 @@ EXAMPLES = """\
 --write FILE (with --fit) writes the fitted config as one YAML file, composed again before it is written; a
 NO-GO config is not written. An existing FILE is replaced only with --force, an input never.
 
-exit status: 0 go (clean or warnings only), 1 no-go (errors), 2 bad input.
+exit status: 0 go (clean or warnings only), 1 no-go (errors; with --strict warnings too), 2 bad input.
 """
 
 
@@ -57,6 +58,9 @@ def main(args: Sequence[str], offset: int) -> int:
         "--write", metavar="FILE", help="with --fit: write the fitted config as one YAML file (checked first)"
     )
     parser.add_argument("--force", action="store_true", help="with --write: replace an existing FILE")
+    parser.add_argument(
+        "--strict", action="store_true", help="exit 1 on warnings too (a key set twice, a group of one...)"
+    )
     add_verbose_arg(parser)
     ns = parse(parser, args)
     target = Path(ns.write) if ns.write else None
@@ -81,7 +85,8 @@ def main(args: Sequence[str], offset: int) -> int:
             print(f"check it with: {written['check']}")
     if target is not None and written is None:
         print(f"{target} not written: the config is NO-GO (fix the errors first)", file=sys.stderr)
-    return EXIT_OK if preflight.ok else EXIT_PREFLIGHT
+    warned = any(f.severity is Severity.WARNING for f in preflight.findings)
+    return EXIT_OK if preflight.ok and not (ns.strict and warned) else EXIT_PREFLIGHT
 
 
 def _write(

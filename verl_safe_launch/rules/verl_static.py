@@ -163,6 +163,8 @@ def critic_micro_keys(ctx: RuleContext) -> list[Draft]:
             "critic model is set (critic.model.path is verl's placeholder)"
         )
         grpo = set_fix("algorithm.adv_estimator", "grpo")
+        if ctx.view.get(f"{ARR}.rollout.n") == 1:  # GRPO compares a group of responses per prompt
+            grpo = set_fix(f"{ARR}.rollout.n", 5, extra=("algorithm.adv_estimator=grpo",))
         return [replace(d, message=d.message + hint, fixes=(grpo, *d.fixes)) for d in drafts]
     return drafts
 
