@@ -131,3 +131,16 @@ def test_a_mandatory_key_of_a_section_switched_off_is_not_required() -> None:
     assert [f.keys for f in audit(compose(on.request())) if f.rule_id == "missing-required"] == [
         ("reward.reward_model.rollout.name",)
     ]
+
+
+def test_a_reward_models_rollout_is_not_required_under_the_legacy_reward_worker() -> None:
+    """Releases 0.7.0 to the 0.8 development line have ``reward_model.use_reward_loop``; switched off, the trainer
+    scores with the legacy reward-model worker and never reads the rollout section (verl 0.9.1 has no such switch,
+    so the key is added here with ``+`` to exercise the gate on the installed config)."""
+    from verl_safe_launch.audit import audit
+
+    text = f"{LAUNCH} {BASE} reward.reward_model.rollout.name=??? reward.reward_model.enable=true"
+    for switch, required in (("false", []), ("true", [("reward.reward_model.rollout.name",)])):
+        [launch] = parse_script(f"{text} +reward.reward_model.use_reward_loop={switch}\n", "run.sh")
+        found = [f.keys for f in audit(compose(launch.request())) if f.rule_id == "missing-required"]
+        assert found == required, switch
