@@ -21,7 +21,6 @@ import collections
 import json
 import sys
 import time
-import traceback
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +31,9 @@ FAILS = ("fails", "compose-error")
 
 def measure(entries: list[dict[str, Any]], which: str) -> dict[str, Any]:
     """Audit every script of one results file and compare each main_ppo launch with its oracle verdict."""
+    from audit_vs_oracle import compare_script, oracle_launches
+
     from verl_safe_launch.backends import bringup_findings
-    from verl_safe_launch.findings import Severity
     from verl_safe_launch.inputs import choose_verl
     from verl_safe_launch.preflight import Auditor
 
@@ -44,45 +44,36 @@ def measure(entries: list[dict[str, Any]], which: str) -> dict[str, Any]:
     chosen: Path | None = None
     choose_verl(None, "--verl")
     for entry in entries:
-        expected = [launch for launch in entry["launches"] if launch.get("main") == MAIN]
-        if not expected or any(launch["summary"] in ("env-blocked",) for launch in expected):
+        expected = oracle_launches(entry["launches"])
+        if expected is None:
             continue
         copy = Path(entry["copy"]) if which == "copy" else None
         if copy != chosen:  # choosing clears every cache of the verl in use: once per copy, not per script
             choose_verl(copy, "--verl")
             chosen = copy
-        try:
-            result = auditor.script(Path(entry["script"]))
-        except Exception:  # a crash is what this counts
-            tally["crashes"].append(f"{entry['path']}: {traceback.format_exc().splitlines()[-1]}")
-            continue
-        tally["verl"][result.verl[0] if result.verl else "-"] += 1
-        if result.error is not None:
-            if any(launch["summary"] == "runs" for launch in expected):
-                tally["crashes"].append(f"{entry['path']}: {result.error.render().splitlines()[0]}")
-            continue
-        if len(result.launches) != len(expected):
-            tally["count_mismatch"] += 1
-            continue
-        for k, (item, want) in enumerate(zip(result.launches, expected, strict=True)):
-            label = f"{entry['path']}#{k + 1}"
-            fails = want["summary"] in FAILS
+        compared = compare_script(auditor, Path(entry["script"]), expected, entry["path"])
+        if compared.crash is not None:
+            tally["crashes"].append(compared.crash)
+        if compared.verl is not None:
+            tally["verl"][compared.verl] += 1
+        tally["count_mismatch"] += compared.count_mismatch
+        for launch in compared.launches:
+            errors = launch.errors
             tally["launches"] += 1
-            errors = [f for f in item.findings if f.severity is Severity.ERROR]
             tally["errors"] += len(errors)
-            _suggestions(tally, item.findings)
-            tally["right"] += len(errors) if fails else 0
-            if fails:
+            _suggestions(tally, launch.findings)
+            tally["right"] += len(errors) if launch.refused else 0
+            if launch.refused:
                 tally["refused"] += 1
-                tally["refused_nogo"] += item.verdict == "no-go"
-                if item.verdict != "no-go":
-                    why = want.get("verdict") or want.get("compose_error") or ""
-                    tally["missed"].append(f"{label} ({item.verdict}): {why[:120]}")
-            elif item.verdict == "no-go":
+                tally["refused_nogo"] += launch.verdict == "no-go"
+                tally["settled_by_env"] += launch.settled_by_env
+                if launch.verdict != "no-go":
+                    tally["missed"].append(f"{launch.label} ({launch.verdict}): {launch.reason[:120]}")
+            elif launch.verdict == "no-go":
                 rules = sorted({f.rule_id for f in errors})
                 tally["by_rule"].update(rules)
                 first = errors[0].message[:140] if errors else ""
-                tally["false_nogo"].append(f"{label}: {rules} {first}")
+                tally["false_nogo"].append(f"{launch.label}: {rules} {first}")
     choose_verl(None)
     return tally
 
@@ -114,7 +105,10 @@ def report(name: str, tally: dict[str, Any], seconds: float, verbose: bool) -> N
     print(f"== {name}: {tally['launches']} launches ({seconds:.0f} s), checked against {dict(tally['verl'])}")
     print(f"  error findings {errors}, right {right}, error precision {precision:.1%}")
     print(f"  false NO-GO {len(tally['false_nogo'])} by rule {dict(tally['by_rule'])}")
-    print(f"  refused by verl {tally['refused']}, NO-GO {tally['refused_nogo']}, recall {recall:.1%}")
+    print(
+        f"  refused by verl {tally['refused']}, NO-GO {tally['refused_nogo']} ({tally['settled_by_env']} of them "
+        f"UNVERIFIED and NO-GO once audited with the oracle's unset variables), recall {recall:.1%}"
+    )
     print(f"  launch count differs {tally['count_mismatch']}, crashes {len(tally['crashes'])}")
     print(
         f"  unknown keys {tally['unknown_keys']}, headlines naming another verl {tally['headlines']}, "
@@ -133,7 +127,7 @@ def main() -> int:
     parser.add_argument("--which", choices=("copy", "project"), default="copy")
     parser.add_argument("-v", "--verbose", action="store_true")
     ns = parser.parse_args()
-    sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(ROOT / "tests"))
     for path in ns.results:
         start = time.perf_counter()
         tally = measure(json.loads(path.read_text()), ns.which)
