@@ -844,10 +844,23 @@ def _probe_agent_chunks(cfg: Any) -> str | None:
     return None
 
 
+def _probe_rollout_config(cfg: Any) -> str | None:
+    """RolloutConfig's other checks (async mode, MoE tensor parallel on trtllm only, ...): the rollout section with
+    its expert parallel size set to what the EP assert wants, so that assert does not hide the rest."""
+    from omegaconf import OmegaConf, open_dict
+
+    rollout = OmegaConf.create(OmegaConf.to_container(cfg.actor_rollout_ref.rollout, resolve=True))
+    with open_dict(rollout):
+        tp, dp = rollout.get("tensor_model_parallel_size", 1), rollout.get("data_parallel_size", 1)
+        rollout.expert_parallel_size = int(tp or 1) * int(dp or 1)
+    return _probe_rollout_ep(OmegaConf.create({"actor_rollout_ref": {"rollout": rollout}}))
+
+
 PROBES = {
     "batch-micro-divides-mini": _probe_micro_divides_mini,
     "layout-ulysses-gpus": _probe_ulysses_gpus,
     "layout-rollout-ep": _probe_rollout_ep,
+    "verl-rollout-config": _probe_rollout_config,
     "batch-v0-agent-chunks": _probe_agent_chunks,
 }
 """Checks the release makes after its validation: the rules whose findings such a probe can confirm."""
