@@ -21,7 +21,6 @@ import collections
 import json
 import sys
 import time
-import traceback
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +31,9 @@ FAILS = ("fails", "compose-error")
 
 def measure(entries: list[dict[str, Any]], which: str) -> dict[str, Any]:
     """Audit every script of one results file and compare each main_ppo launch with its oracle verdict."""
+    from audit_vs_oracle import compare_script, oracle_launches
+
     from verl_safe_launch.backends import bringup_findings
-    from verl_safe_launch.findings import Severity
     from verl_safe_launch.inputs import choose_verl
     from verl_safe_launch.preflight import Auditor
 
@@ -44,73 +44,38 @@ def measure(entries: list[dict[str, Any]], which: str) -> dict[str, Any]:
     chosen: Path | None = None
     choose_verl(None, "--verl")
     for entry in entries:
-        expected = [launch for launch in entry["launches"] if launch.get("main") == MAIN]
-        if not expected or any(launch["summary"] in ("env-blocked",) for launch in expected):
+        expected = oracle_launches(entry["launches"])
+        if expected is None:
             continue
         copy = Path(entry["copy"]) if which == "copy" else None
         if copy != chosen:  # choosing clears every cache of the verl in use: once per copy, not per script
             choose_verl(copy, "--verl")
             chosen = copy
-        try:
-            result = auditor.script(Path(entry["script"]))
-        except Exception:  # a crash is what this counts
-            tally["crashes"].append(f"{entry['path']}: {traceback.format_exc().splitlines()[-1]}")
-            continue
-        tally["verl"][result.verl[0] if result.verl else "-"] += 1
-        if result.error is not None:
-            if any(launch["summary"] == "runs" for launch in expected):
-                tally["crashes"].append(f"{entry['path']}: {result.error.render().splitlines()[0]}")
-            continue
-        if len(result.launches) != len(expected):
-            tally["count_mismatch"] += 1
-            continue
-        for k, (item, want) in enumerate(zip(result.launches, expected, strict=True)):
-            label = f"{entry['path']}#{k + 1}"
-            fails = want["summary"] in FAILS
+        compared = compare_script(auditor, Path(entry["script"]), expected, entry["path"])
+        if compared.crash is not None:
+            tally["crashes"].append(compared.crash)
+        if compared.verl is not None:
+            tally["verl"][compared.verl] += 1
+        tally["count_mismatch"] += compared.count_mismatch
+        for launch in compared.launches:
+            errors = launch.errors
             tally["launches"] += 1
-            errors = [f for f in item.findings if f.severity is Severity.ERROR]
             tally["errors"] += len(errors)
-            _suggestions(tally, item.findings)
-            tally["right"] += len(errors) if fails else 0
-            if fails:
+            _suggestions(tally, launch.findings)
+            tally["right"] += len(errors) if launch.refused else 0
+            if launch.refused:
                 tally["refused"] += 1
-                verdict = item.verdict
-                if verdict == "unverified" and _under_oracle_env(auditor, entry, k, item) == "no-go":
-                    verdict = "no-go"  # the oracle ran with the variables unset; so audited, it is NO-GO
-                    tally["settled_by_env"] += 1
-                tally["refused_nogo"] += verdict == "no-go"
-                if verdict != "no-go":
-                    why = want.get("verdict") or want.get("compose_error") or ""
-                    tally["missed"].append(f"{label} ({item.verdict}): {why[:120]}")
-            elif item.verdict == "no-go":
+                tally["refused_nogo"] += launch.verdict == "no-go"
+                tally["settled_by_env"] += launch.settled_by_env
+                if launch.verdict != "no-go":
+                    tally["missed"].append(f"{launch.label} ({launch.verdict}): {launch.reason[:120]}")
+            elif launch.verdict == "no-go":
                 rules = sorted({f.rule_id for f in errors})
                 tally["by_rule"].update(rules)
                 first = errors[0].message[:140] if errors else ""
-                tally["false_nogo"].append(f"{label}: {rules} {first}")
+                tally["false_nogo"].append(f"{launch.label}: {rules} {first}")
     choose_verl(None)
     return tally
-
-
-def _under_oracle_env(auditor: Any, entry: dict[str, Any], k: int, item: Any) -> str | None:
-    """The verdict of one UNVERIFIED launch audited as the oracle ran it: every environment variable the launch's
-    own settle command names taken as unset (empty), which is what the oracle's bash saw. None when the launch
-    does not wait on the environment alone (a sourced file, a command substitution: those need ``--trace``)."""
-    import re
-
-    from verl_safe_launch.preflight import Auditor
-
-    settle = item.settle or ""
-    if "--trace" in settle:
-        return None
-    names = re.findall(r"--env (\w+)=", settle)
-    if not names:
-        return None
-    again = Auditor(job_findings=auditor.job_findings, env=dict.fromkeys(names, "")).script(
-        Path(entry["script"])
-    )
-    if again.error is not None or len(again.launches) <= k:
-        return None
-    return str(again.launches[k].verdict)
 
 
 def _suggestions(tally: dict[str, Any], findings: Any) -> None:
@@ -163,7 +128,7 @@ def main() -> int:
     parser.add_argument("--which", choices=("copy", "project"), default="copy")
     parser.add_argument("-v", "--verbose", action="store_true")
     ns = parser.parse_args()
-    sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(ROOT / "tests"))
     total: dict[str, Any] = collections.defaultdict(int)
     begun = time.perf_counter()
     for path in ns.results:

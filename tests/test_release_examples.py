@@ -1,0 +1,135 @@
+"""Every example launch script of four verl releases, audited under that release, against what the release itself does.
+
+The data: tests/data/release_examples/<tag>/ holds the tag's scripts that run ``verl.trainer.main_ppo`` (byte for byte,
+at their repository paths, SOURCES.json says from where) and ``expected.json``: per script and launch, what real bash
+ran, that release's Hydra composed and that release's own validation said (``runs``, ``fails``, ``compose-error``,
+``not-ppo``, ``env-blocked``) and why. Remake it with
+
+    .venv/bin/python tests/script_oracle.py --derive tests/data/release_examples --releases DIR
+
+(DIR holds ``<version>/verl`` per release: the ``releases`` fixture's directory.) The verdicts are read from there;
+every launch the audit calls NO-GO is judged again live by the release (tests/script_oracle.py, one subprocess per
+release), so no NO-GO rests on a stored verdict alone.
+
+A launch the release's validation accepts may still fail in its workers or at the first training step (a micro batch
+that does not divide the per-GPU mini batch, a Ulysses mesh larger than the GPUs): NO-GO there is right only when
+that release's own code, run on the composed numbers (tests/script_oracle.py ``PROBES``), fails too. No GPU here:
+the probes call the release's functions on CPU (a fake process group for device meshes).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from audit_vs_oracle import FAILS, Compared, compare_script, oracle_launches
+from script_oracle import PROBES, batch
+
+from verl_safe_launch.backends import bringup_findings
+from verl_safe_launch.inputs import choose_verl
+from verl_safe_launch.preflight import Auditor
+
+pytestmark = pytest.mark.slow  # each release's Hydra and validation run in a subprocess
+
+EXAMPLES = Path(__file__).parent / "data" / "release_examples"
+TAGS = ("v0.5.0", "v0.6.1", "v0.7.1", "v0.8.0")
+WORKER_STAGE = frozenset(PROBES)
+"""Rules for checks verl makes only after its validation: in the workers or at the first training step."""
+
+
+def _audit(tag: str, copy: Path) -> tuple[list[tuple[str, Compared]], collections.Counter[str], list[str]]:
+    data = json.loads((EXAMPLES / tag / "expected.json").read_text())
+    auditor = Auditor(job_findings=bringup_findings)
+    compared: list[tuple[str, Compared]] = []
+    counts: collections.Counter[str] = collections.Counter()
+    problems: list[str] = []
+    choose_verl(copy, "--verl")
+    try:
+        for path, entry in data["scripts"].items():
+            expected = oracle_launches(entry["launches"])
+            if expected is None:
+                counts["not compared (no main_ppo launch, or env-blocked)"] += 1
+                continue
+            result = compare_script(auditor, EXAMPLES / tag / path, expected, path)
+            if result.crash is not None:
+                problems.append(f"crash: {result.crash}")
+            if result.count_mismatch:
+                problems.append(f"{path}: the audit reads another number of launches than bash ran")
+            compared += [(path, launch) for launch in result.launches]
+    finally:
+        choose_verl(None)
+    return compared, counts, problems
+
+
+def _live(tag: str, copy: Path, nogo: list[tuple[str, Compared]]) -> dict[str, dict[str, Any]]:
+    """The release's verdict, judged again now, on every launch called NO-GO; worker-stage probes where the
+    launch's every error is a worker-stage rule."""
+    items = []
+    for path, launch in nogo:
+        rules = {f.rule_id for f in launch.errors}
+        probes = sorted(rules) if rules and rules <= WORKER_STAGE else []
+        items.append(
+            {
+                "path": path,
+                "script": str(EXAMPLES / tag / path),
+                "copy": str(copy),
+                "root": str(EXAMPLES / tag),
+            }
+            | {"probes": probes}
+        )
+    out = {}
+    for (_, launch), rec in zip(nogo, batch(items, 1), strict=True):
+        k = int(launch.label.rpartition("#")[2]) - 1
+        ppo = [one for one in rec["launches"] if one["main"] == "verl.trainer.main_ppo"]
+        out[launch.label] = (
+            ppo[k] if k < len(ppo) else {"summary": "harness-error", "error": "launch not found"}
+        )
+    return out
+
+
+@pytest.mark.parametrize("tag", TAGS)
+def test_release_examples_audit_as_the_release_judges_them(tag: str, releases: Path) -> None:
+    copy = releases / tag.removeprefix("v")
+    compared, counts, problems = _audit(tag, copy)
+    nogo = [(path, launch) for path, launch in compared if launch.verdict == "no-go"]
+    live = _live(tag, copy, nogo)
+    false_nogo, misses, confirmed = [], [], []
+    for _, launch in compared:
+        if launch.refused and launch.verdict != "no-go":
+            misses.append(f"{launch.label} ({launch.verdict}): {launch.reason[:160]}")
+        if launch.verdict != "no-go":
+            continue
+        now = live[launch.label]
+        if launch.refused:
+            if now["summary"] not in FAILS:  # the stored verdict no longer holds: expected.json is stale
+                problems.append(
+                    f"{launch.label}: expected.json says refused, the release now says {now['summary']}"
+                )
+            continue
+        rules = sorted({f.rule_id for f in launch.errors})
+        probes = now.get("probes") or {}
+        failing = {r: v for r, v in probes.items() if v is not None and not v.startswith("n/a")}
+        if now["summary"] == "runs" and rules and set(failing) == set(rules):
+            confirmed.append(f"{launch.label}: {rules} {next(iter(failing.values()))[:160]}")
+        else:
+            first = launch.errors[0].message[:160] if launch.errors else ""
+            false_nogo.append(f"{launch.label}: {rules} {first} (release's probes: {probes})")
+    errors = sum(len(launch.errors) for _, launch in compared)
+    right = sum(len(launch.errors) for _, launch in compared if launch.refused)
+    refused = [launch for _, launch in compared if launch.refused]
+    print(
+        f"\n{tag}: {len(compared)} launches, error findings {errors}, right {right}, "
+        f"false NO-GO {len(false_nogo)}, refused {len(refused)}, "
+        f"NO-GO {sum(launch.verdict == 'no-go' for launch in refused)} "
+        f"({sum(launch.settled_by_env for launch in refused)} once audited with the oracle's unset variables), "
+        f"misses {len(misses)}, worker-confirmed {len(confirmed)}, {dict(counts)}"
+    )
+    for line in confirmed:
+        print(f"  worker-confirmed {line}")
+    assert compared, "no launch compared"
+    assert problems == []
+    assert misses == []
+    assert false_nogo == []
