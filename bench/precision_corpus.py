@@ -29,9 +29,12 @@ MAIN = "verl.trainer.main_ppo"
 FAILS = ("fails", "compose-error")
 
 
-def measure(entries: list[dict[str, Any]], which: str) -> dict[str, Any]:
-    """Audit every script of one results file and compare each main_ppo launch with its oracle verdict."""
+def measure(entries: list[dict[str, Any]], which: str, probe: bool = False) -> dict[str, Any]:
+    """Audit every script of one results file and compare each main_ppo launch with its oracle verdict; with
+    ``probe``, a launch the oracle runs and the audit calls NO-GO for checks verl makes only later (in its workers,
+    at the first step) is judged again by that copy's own code on the composed numbers (tests/script_oracle.py)."""
     from audit_vs_oracle import compare_script, oracle_launches
+    from script_oracle import PROBES
 
     from verl_safe_launch.backends import bringup_findings
     from verl_safe_launch.inputs import choose_verl
@@ -39,8 +42,10 @@ def measure(entries: list[dict[str, Any]], which: str) -> dict[str, Any]:
 
     tally: dict[str, Any] = collections.defaultdict(int)
     tally["false_nogo"], tally["missed"], tally["crashes"], tally["cross"] = [], [], [], []
+    tally["confirmed_lines"] = []
     tally["by_rule"], tally["verl"] = collections.Counter(), collections.Counter()
     auditor = Auditor(job_findings=bringup_findings)
+    later: list[tuple[dict[str, Any], Any]] = []
     chosen: Path | None = None
     choose_verl(None, "--verl")
     for entry in entries:
@@ -71,11 +76,56 @@ def measure(entries: list[dict[str, Any]], which: str) -> dict[str, Any]:
                     tally["missed"].append(f"{launch.label} ({launch.verdict}): {launch.reason[:120]}")
             elif launch.verdict == "no-go":
                 rules = sorted({f.rule_id for f in errors})
-                tally["by_rule"].update(rules)
-                first = errors[0].message[:140] if errors else ""
-                tally["false_nogo"].append(f"{launch.label}: {rules} {first}")
+                if probe and set(rules) <= set(PROBES):
+                    later.append((entry, launch))
+                    continue
+                _false_nogo(tally, launch)
     choose_verl(None)
+    for (_entry, launch), verdict in zip(later, _probed(later), strict=True):
+        if verdict is None:
+            _false_nogo(tally, launch)
+        else:
+            tally["confirmed"] += 1
+            tally["right"] += len(launch.errors)
+            tally["confirmed_lines"].append(f"{launch.label}: {verdict[:140]}")
     return tally
+
+
+def _false_nogo(tally: dict[str, Any], launch: Any) -> None:
+    rules = sorted({f.rule_id for f in launch.errors})
+    tally["by_rule"].update(rules)
+    first = launch.errors[0].message[:140] if launch.errors else ""
+    tally["false_nogo"].append(f"{launch.label}: {rules} {first}")
+
+
+def _probed(later: list[tuple[dict[str, Any], Any]]) -> list[str | None]:
+    """For each launch, what the copy's own code says when every one of its errors is run there (None: it does
+    not fail everywhere the audit says it does)."""
+    from script_oracle import batch
+
+    items = []
+    for entry, launch in later:
+        rules = sorted({f.rule_id for f in launch.errors})
+        items.append(
+            {
+                "path": entry["path"],
+                "script": entry["script"],
+                "copy": entry["copy"],
+                "root": entry.get("root"),
+                "probes": rules,
+            }
+        )
+    out: list[str | None] = []
+    for (_entry, launch), rec in zip(later, batch(items, 1), strict=True):
+        k = int(launch.label.rpartition("#")[2]) - 1
+        ppo = [one for one in rec["launches"] if one["main"] == MAIN]
+        now = ppo[k] if k < len(ppo) else {}
+        rules = {f.rule_id for f in launch.errors}
+        failing = {r: v for r, v in (now.get("probes") or {}).items() if v and not v.startswith("n/a")}
+        out.append(
+            next(iter(failing.values())) if now.get("summary") == "runs" and set(failing) == rules else None
+        )
+    return out
 
 
 def _suggestions(tally: dict[str, Any], findings: Any) -> None:
@@ -105,7 +155,10 @@ def report(name: str, tally: dict[str, Any], seconds: float, verbose: bool) -> N
     copies = dict(tally["verl"]) if len(tally["verl"]) <= 4 else f"{len(tally['verl'])} copies of verl"
     print(f"== {name}: {tally['launches']} launches ({seconds:.0f} s), checked against {copies}")
     print(f"  error findings {errors}, right {right}, error precision {precision:.1%}")
-    print(f"  false NO-GO {len(tally['false_nogo'])} by rule {dict(tally['by_rule'])}")
+    print(
+        f"  false NO-GO {len(tally['false_nogo'])} by rule {dict(tally['by_rule'])}; NO-GO on a launch the oracle "
+        f"runs, confirmed by the copy's own worker code: {tally['confirmed']}"
+    )
     print(
         f"  refused by verl {tally['refused']}, NO-GO {tally['refused_nogo']} ({tally['settled_by_env']} of them "
         f"UNVERIFIED and NO-GO once audited with the oracle's unset variables), recall {recall:.1%}"
@@ -116,7 +169,7 @@ def report(name: str, tally: dict[str, Any], seconds: float, verbose: bool) -> N
         f"did-you-mean {tally['did_you_mean']} (crossing meaning {tally['did_you_mean_cross']}: {tally['cross'][:5]})"
     )
     if verbose:
-        for line in [*tally["false_nogo"], *tally["missed"], *tally["crashes"]]:
+        for line in [*tally["false_nogo"], *tally["missed"], *tally["crashes"], *tally["confirmed_lines"]]:
             print(f"    {line}")
 
 
@@ -127,13 +180,18 @@ def main() -> int:
     parser.add_argument("results", nargs="+", type=Path)
     parser.add_argument("--which", choices=("copy", "project"), default="copy")
     parser.add_argument("-v", "--verbose", action="store_true")
+    parser.add_argument(
+        "--probe",
+        action="store_true",
+        help="judge worker-stage NO-GOs again with each copy's own code (slow)",
+    )
     ns = parser.parse_args()
     sys.path.insert(0, str(ROOT / "tests"))
     total: dict[str, Any] = collections.defaultdict(int)
     begun = time.perf_counter()
     for path in ns.results:
         start = time.perf_counter()
-        tally = measure(json.loads(path.read_text()), ns.which)
+        tally = measure(json.loads(path.read_text()), ns.which, ns.probe)
         report(path.stem, tally, time.perf_counter() - start, ns.verbose)
         for name, value in tally.items():
             total[name] = total[name] + value if name in total else value

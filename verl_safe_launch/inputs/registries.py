@@ -302,3 +302,31 @@ def group_estimators() -> frozenset[str]:
     """The group advantage estimators of the verl in use (cached on disk per release)."""
     root = verl_package_dir().parent
     return frozenset(cached_fact("group_estimators", lambda: read_group_estimators(root)))
+
+
+ENGINE_CALLS = ("LLM(", "EngineArgs(", "AsyncLLM", "build_async_engine")
+"""What a vLLM rollout module writes where it builds the engine."""
+
+
+def read_max_model_len_paths(root: Path) -> dict[str, bool]:
+    """Per vLLM rollout module of the verl package under ``root`` that builds the engine: whether it hands the
+    engine the config's ``max_model_len`` (a module that derives the length itself, from the prompt and response
+    lengths, does not). A copy that picks its module by the installed vLLM's version (verl 0.2, its forks) can
+    disagree with itself."""
+    found: dict[str, bool] = {}
+    folder = root / "verl" / "workers" / "rollout" / "vllm_rollout"
+    for path in sorted(folder.glob("*.py")) if folder.is_dir() else ():
+        try:
+            text = path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            continue
+        if any(call in text for call in ENGINE_CALLS):
+            found[path.name] = "config.max_model_len" in text
+    return found
+
+
+@verl_cache
+def max_model_len_paths() -> dict[str, bool]:
+    """``read_max_model_len_paths`` of the verl in use (cached on disk per release)."""
+    root = verl_package_dir().parent
+    return dict(cached_fact("max_model_len_paths", lambda: read_max_model_len_paths(root)))

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from verl_safe_launch.config_view import ARR, ConfigView, format_value, is_missing
 from verl_safe_launch.context import RuleContext
-from verl_safe_launch.findings import Rule
-from verl_safe_launch.inputs import registered_names, verl_release
+from verl_safe_launch.findings import Rule, Severity
+from verl_safe_launch.inputs import max_model_len_paths, registered_names, verl_release
 from verl_safe_launch.rules.engines import rollout_tp_ok
 from verl_safe_launch.rules.fixes import KeyFix, divisors, largest_first_at_most, set_fix
 from verl_safe_launch.rules.kit import Draft, check, kv, not_positive, plan, skipped
@@ -171,8 +171,19 @@ def max_model_len(ctx: RuleContext) -> list[Draft]:
         ]
     if value <= arch.max_position_embeddings:
         return []
+    paths = max_model_len_paths() if view.get(f"{R}.name") == "vllm" else {}
+    if paths and not any(paths.values()):
+        return []  # no vLLM module of this verl hands the engine the key: it derives the length itself
     limit = arch.max_position_embeddings
     msg = f"{kv(view, key)} exceeds {arch.name}'s max_position_embeddings {limit} (from {arch.source}); {replica()}"
+    if paths and not all(paths.values()):
+        reads = ", ".join(sorted(name for name, used in paths.items() if used))
+        others = ", ".join(sorted(name for name, used in paths.items() if not used))
+        msg += (
+            f"; this verl hands it to vLLM only in {reads}, and {others} derives the length from the prompt and "
+            "response lengths: which one runs depends on the vLLM version installed, which is not read here"
+        )
+        return [Draft((key, f"{ARR}.model.path"), msg, (set_fix(key, limit),), severity=Severity.WARNING)]
     return [Draft((key, f"{ARR}.model.path"), msg, (set_fix(key, limit),))]
 
 
