@@ -161,7 +161,7 @@ def report(name: str, tally: dict[str, Any], seconds: float, verbose: bool) -> N
     )
     print(
         f"  refused by verl {tally['refused']}, NO-GO {tally['refused_nogo']} ({tally['settled_by_env']} of them "
-        f"UNVERIFIED and NO-GO once audited with the oracle's unset variables), recall {recall:.1%}"
+        f"UNVERIFIED and NO-GO once audited as the oracle ran them: its unset variables, --trace here), recall {recall:.1%}"
     )
     print(f"  launch count differs {tally['count_mismatch']}, crashes {len(tally['crashes'])}")
     print(

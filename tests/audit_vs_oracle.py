@@ -86,15 +86,18 @@ def compare_script(
 
 def under_oracle_env(auditor: Auditor, script: Path, k: int, item: Any) -> str | None:
     """The verdict of one UNVERIFIED launch audited as the oracle ran it: every environment variable the launch's
-    own settle command names taken as unset (empty), which is what the oracle's bash saw. None when the launch
-    does not wait on the environment alone (a sourced file, a command substitution: those need ``--trace``)."""
+    own settle command names taken as unset (empty), which is what the oracle's bash saw; where the command says
+    ``--trace`` (a command substitution, a sourced file), the script run under bash here, as the oracle ran it (this
+    machine has no GPU: ``nvidia-smi`` counts none, as it did for the oracle). None when nothing is left to read."""
+    from verl_safe_launch.preflight import TraceOptions
+
     settle = item.settle or ""
-    if "--trace" in settle:
-        return None
     names = re.findall(r"--env (\w+)=", settle)
-    if not names:
+    if not names and "--trace" not in settle:
         return None
-    again = Auditor(job_findings=auditor.job_findings, env=dict.fromkeys(names, "")).script(script)
+    env = dict.fromkeys(names, "")
+    trace = TraceOptions(env=env, timeout=60.0) if "--trace" in settle else None
+    again = Auditor(job_findings=auditor.job_findings, env=env, trace=trace).script(script)
     if again.error is not None or len(again.launches) <= k:
         return None
     return str(again.launches[k].verdict)

@@ -124,7 +124,7 @@ def test_release_examples_audit_as_the_release_judges_them(tag: str, releases: P
         f"\n{tag}: {len(compared)} launches, error findings {errors}, right {right}, "
         f"false NO-GO {len(false_nogo)}, refused {len(refused)}, "
         f"NO-GO {sum(launch.verdict == 'no-go' for launch in refused)} "
-        f"({sum(launch.settled_by_env for launch in refused)} once audited with the oracle's unset variables), "
+        f"({sum(launch.settled_by_env for launch in refused)} once audited as the oracle ran them), "
         f"misses {len(misses)}, worker-confirmed {len(confirmed)}, {dict(counts)}"
     )
     for line in confirmed:
