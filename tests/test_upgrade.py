@@ -30,7 +30,8 @@ from verl_safe_launch.compose import compose
 from verl_safe_launch.inputs import ComposeRequest, cli_tokens
 from verl_safe_launch.preflight import run_preflight
 
-SCRIPT = Path(__file__).parent.parent / "launch_examples" / "grpo_v05.sh"
+ROOT = Path(__file__).parent.parent
+SCRIPT = ROOT / "launch_examples" / "grpo_v05.sh"
 ARR = "actor_rollout_ref"
 RELEASE_YAML = Path(__file__).parent / "data" / "verl_yaml"
 
@@ -393,3 +394,39 @@ def test_advice_is_behaviour_verl_and_its_engine_accept(
     }
     assert not keys & {*unread, f"{ARR}.actor.optim.min_lr_ratio"}
     assert f"{ARR}.rollout.max_num_seqs=1024" in [c["fix"] for c in changes]
+
+
+@pytest.mark.slow  # upgrade checks its advice with verl's validate_config
+def test_a_projects_scripts_upgrade_in_one_run_as_each_alone(
+    cli: Callable[..., CliResult], tmp_path: Path
+) -> None:
+    """Several scripts in one run (verl imported once): each report and YAML is the one that script gets alone."""
+    project = ROOT / "tests" / "data" / "upgrade_projects" / "Search-R1"
+    scripts = [project / "train_grpo.sh", ROOT / "launch_examples" / "grpo_v05.sh"]
+    together = cli("upgrade", *map(str, scripts), "-o", str(tmp_path / "all"), "--format", "json")
+    assert together.code == 0, together.err
+    documents = json.loads(together.out)["scripts"]
+    assert [d["input"] for d in documents] == [str(s) for s in scripts]
+    for script, document in zip(scripts, documents, strict=True):
+        alone = cli("upgrade", str(script), "-o", str(tmp_path / script.stem), "--format", "json")
+        single = json.loads(alone.out)
+        assert {**document, "output": "", "command": ""} == {**single, "output": "", "command": ""}
+        written = (tmp_path / "all" / f"{script.stem}.yaml").read_text()
+        assert written == (tmp_path / script.stem / f"{script.stem}.yaml").read_text().replace(
+            str(tmp_path / script.stem), str(tmp_path / "all")
+        )
+
+
+def test_one_bad_script_among_several_writes_nothing(cli: Callable[..., CliResult], tmp_path: Path) -> None:
+    good = ROOT / "launch_examples" / "grpo_v05.sh"
+    missing = cli("upgrade", str(good), str(tmp_path / "gone.sh"), "-o", str(tmp_path / "out"))
+    assert missing.code == 2 and "script not found" in missing.err and "Traceback" not in missing.err
+    assert not (tmp_path / "out").exists()
+    twin = tmp_path / "other" / "grpo_v05.sh"
+    twin.parent.mkdir()
+    twin.write_text(good.read_text())
+    clash = cli("upgrade", str(good), str(twin), "-o", str(tmp_path / "out"))
+    assert clash.code == 2 and "would both be written to" in clash.err
+    picked = cli("upgrade", str(good), str(twin), "--launch", "1", "-o", str(tmp_path / "out"))
+    assert picked.code == 2 and "--launch N picks a launch of one script" in picked.err
+    assert not (tmp_path / "out").exists()

@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import re
 import shlex
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from verl_safe_launch.audit import (
     INSTALLED_SERIES,
@@ -18,7 +20,7 @@ from verl_safe_launch.audit import (
     render_yaml,
 )
 from verl_safe_launch.cli._common import add_format_arg, make_parser, parse, print_json
-from verl_safe_launch.errors import EXIT_OK
+from verl_safe_launch.errors import EXIT_OK, ManyErrors, UsageError, VslError
 from verl_safe_launch.files import check_target, check_text_name, ensure_directory, output_path, write_atomic
 from verl_safe_launch.inputs import OverrideToken, read_yaml
 from verl_safe_launch.preflight import UpgradeReport, upgrade_launch
@@ -29,6 +31,7 @@ EXAMPLES = """\
   verl-safe-launch upgrade run_qwen_grpo_v05.sh -o upgraded/
   verl-safe-launch upgrade old_run.yaml --from 0.7 -o upgraded/ --force
   verl-safe-launch upgrade run_ppo_sp.sh --gpus 16 -o upgraded/
+  verl-safe-launch upgrade scripts/train/*.sh -o upgraded/    # a project's scripts: verl imported once
 
 Writes DIR/NAME.yaml (the launch's values for the installed verl, each citing its original line and the rule that
 moved it) and prints the one command that runs it. Moved keys are mapped, global micro batch sizes become per-GPU
@@ -59,7 +62,10 @@ def main(args: Sequence[str], offset: int) -> int:
     """Run ``upgrade``."""
     parser = make_parser("upgrade", "Rewrite a launch for the installed verl release.", EXAMPLES)
     parser.add_argument(
-        "launch_file", metavar="SCRIPT.sh|FILE.yaml", help="a bash launch script or a YAML config"
+        "launch_files",
+        nargs="+",
+        metavar="SCRIPT.sh|FILE.yaml",
+        help="bash launch scripts or YAML configs (several: verl is imported once for all of them)",
     )
     parser.add_argument(
         "-o", "--output", required=True, type=output_path, metavar="DIR", help="folder for the upgraded YAML"
@@ -81,24 +87,86 @@ def main(args: Sequence[str], offset: int) -> int:
     parser.add_argument("--force", action="store_true", help="overwrite DIR/NAME.yaml if it exists")
     add_format_arg(parser)
     ns = parse(parser, args)
-    path = Path(ns.launch_file)
+    paths = [Path(name) for name in ns.launch_files]
+    if len(paths) > 1 and ns.launch is not None:
+        raise UsageError(
+            "--launch N picks a launch of one script", where="--launch", fix="upgrade that script on its own"
+        )
+    folder = Path(ns.output)
+    _distinct_outputs(paths, folder)
     # A name that cannot be written is refused before the slower work that would end in writing it.
-    check_text_name(Path(ns.output) / f"{path.stem}.yaml", where="-o/--output")
-    launch = _read(path, ns.launch)
+    for path in paths:
+        check_text_name(folder / f"{path.stem}.yaml", where="-o/--output")
+    launches = _each(paths, lambda path: _read(path, ns.launch))  # unreadable inputs first: they are quick
+    # every script upgraded before anything is written: one that fails writes nothing
+    planned = _each(list(zip(paths, launches, strict=True)), lambda pair: _plan(*pair, ns, folder))
+    for item in planned:
+        write_atomic(item.output, item.yaml, force=ns.force, inputs=item.inputs, where="-o/--output")
+    if ns.format == "json":
+        shown = [
+            {**_json(d.path, d.report, d.changes, d.output, d.command), "fits": list(d.report.fits)}
+            for d in planned
+        ]
+        print_json(shown[0] if len(shown) == 1 else {"schema": 1, "scripts": shown})
+    else:
+        print("\n\n".join(_text(d.path, d.report, d.changes, d.output, d.command) for d in planned))
+    return EXIT_OK
+
+
+@dataclass(frozen=True)
+class _Planned:
+    """One script upgraded, not yet written."""
+
+    path: Path
+    report: UpgradeReport
+    changes: list[Change]
+    output: Path
+    yaml: str
+    command: str
+    inputs: list[Path]
+
+
+T = TypeVar("T")
+U = TypeVar("U")
+
+
+def _each(items: Sequence[U], work: Callable[[U], T]) -> list[T]:
+    """``work`` on every item; every user error among them raised together."""
+    done: list[T] = []
+    problems: list[VslError] = []
+    for item in items:
+        try:
+            done.append(work(item))
+        except VslError as exc:
+            problems.append(exc)
+    if problems:
+        raise problems[0] if len(problems) == 1 else ManyErrors(problems)
+    return done
+
+
+def _plan(path: Path, launch: ScriptLaunch, ns: argparse.Namespace, folder: Path) -> _Planned:
     report = upgrade_launch(path, launch, ns.source, ns.gpus)
-    output = _output(Path(ns.output), path, ns.force)
+    output = _output(folder, path, ns.force)
     migration = plan_migration(report.launch, report.composed, output)
-    inputs = [path, *launch.config_files]
-    write_atomic(output, render_yaml(migration), force=ns.force, inputs=inputs, where="-o/--output")
     notes = [Change("unresolved", _noted_key(note), note) for note in migration.notes]
     changes = _ordered([*report.changes, *notes])
-    if ns.format == "json":
-        print_json(
-            {**_json(path, report, changes, output, command_line(migration)), "fits": list(report.fits)}
-        )
-    else:
-        print(_text(path, report, changes, output, command_line(migration)))
-    return EXIT_OK
+    inputs = [path, *launch.config_files]
+    return _Planned(path, report, changes, output, render_yaml(migration), command_line(migration), inputs)
+
+
+def _distinct_outputs(paths: Sequence[Path], folder: Path) -> None:
+    """Two inputs with one name would write one DIR/NAME.yaml: refused before anything runs."""
+    seen: dict[str, Path] = {}
+    for path in paths:
+        other = seen.setdefault(path.stem, path)
+        if other is not path and other.resolve() != path.resolve():
+            raise UsageError(
+                f"{other} and {path} would both be written to {folder / (path.stem + '.yaml')}",
+                where="-o/--output",
+                fix="upgrade them to different -o folders, one at a time",
+            )
+        if other is not path:
+            raise UsageError(f"{path} is named twice", where="command line", fix="name each script once")
 
 
 def _noted_key(note: str) -> str:
