@@ -16,7 +16,7 @@ import pytest
 from conftest import CliResult
 from engine_sources import SGLANG, VLLM, cache_root, unpacked_wheel
 
-from verl_safe_launch.inputs import engine_formats_json, read_group_estimators
+from verl_safe_launch.inputs import engine_formats_json, read_group_estimators, read_group_of_one_raises
 
 ARR = "actor_rollout_ref"
 BASE = (
@@ -82,6 +82,52 @@ def test_with_one_response_per_prompt_grpo_and_rloo_have_no_baseline() -> None:
     assert torch.allclose(got["grpo"], rewards[:, -1], atol=1e-4)
     assert torch.allclose(got["rloo"], rewards[:, -1])
     assert torch.equal(got["rloo_vectorized"], torch.zeros(4))
+
+
+@pytest.mark.slow  # imports verl (torch)
+def test_the_estimators_read_as_raising_on_a_group_of_one_are_those_verls_own_code_makes_raise() -> None:
+    """Every group estimator of verl 0.9.1, run on four prompts with one response each: the ones that raise are
+    the ones ``read_group_of_one_raises`` reads from the source (grpo_passk: 'requires at least 2 samples')."""
+    import numpy as np
+    import torch
+    from verl.trainer.config import AlgoConfig
+    from verl.trainer.ppo import core_algos
+
+    rewards = torch.zeros(4, 3)
+    rewards[:, -1] = torch.tensor([1.0, 0.0, 1.0, 0.5])
+    index = np.array(["a", "b", "c", "d"], dtype=object)
+    raised = set()
+    for name in read_group_estimators(_installed_root()):
+        fn = core_algos.ADV_ESTIMATOR_REGISTRY[name]
+        given = {
+            "token_level_rewards": rewards,
+            "response_mask": torch.ones(4, 3),
+            "index": index,
+            "config": AlgoConfig(),
+            "old_log_probs": torch.zeros(4, 3),
+            "sum_pi_squared": torch.ones(4, 3),
+            "rollout_is_weights": torch.ones(4, 3),
+        }
+        wanted = inspect.signature(fn).parameters
+        try:
+            fn(**{k: v for k, v in given.items() if k in wanted})
+        except ValueError:
+            raised.add(name)
+    assert raised == set(read_group_of_one_raises(_installed_root())) == {"grpo_passk"}
+
+
+def test_check_refuses_an_estimator_that_raises_on_a_group_of_one(cli: Callable[..., CliResult]) -> None:
+    result = cli(
+        "check", *BASE, "algorithm.adv_estimator=grpo_passk", f"{ARR}.rollout.n=1", "--format", "json"
+    )
+    [found] = [f for f in json.loads(result.out)["findings"] if f["rule_id"] == "verl-group-estimator-n"]
+    assert (
+        result.code == 1 and found["severity"] == "error" and "raises on a group of one" in found["message"]
+    )
+    fixed = cli(
+        "check", *BASE, "algorithm.adv_estimator=grpo_passk", f"{ARR}.rollout.n=5", "--format", "json"
+    )
+    assert not [f for f in json.loads(fixed.out)["findings"] if f["rule_id"] == "verl-group-estimator-n"]
 
 
 @pytest.mark.parametrize(

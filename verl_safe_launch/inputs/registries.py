@@ -245,9 +245,9 @@ def _has_index(fn: ast.FunctionDef) -> bool:
     return any(a.arg == "index" for a in (*args.posonlyargs, *args.args, *args.kwonlyargs))
 
 
-def _registered_group(tree: ast.Module, enums: dict[str, dict[str, str]]) -> set[str]:
-    """Names of ``@register_adv_est(NAME)`` functions that take the group ``index``."""
-    found: set[str] = set()
+def _registered_group(tree: ast.Module, enums: dict[str, dict[str, str]]) -> dict[str, ast.FunctionDef]:
+    """``@register_adv_est(NAME)`` functions that take the group ``index``, by name."""
+    found: dict[str, ast.FunctionDef] = {}
     for node in ast.walk(tree):
         if not isinstance(node, ast.FunctionDef) or not _has_index(node):
             continue
@@ -255,8 +255,24 @@ def _registered_group(tree: ast.Module, enums: dict[str, dict[str, str]]) -> set
             if not (isinstance(dec, ast.Call) and isinstance(dec.func, ast.Name) and dec.args):
                 continue
             if dec.func.id == "register_adv_est" and (name := _text(dec.args[0], enums)):
-                found.add(name)
+                found[name] = node
     return found
+
+
+def _raises_on_one(fn: ast.FunctionDef) -> bool:
+    """The function raises when a group holds fewer than two responses: ``if N < 2: raise`` (or ``N == 1``,
+    ``N <= 1``), as verl 0.9.1's pass@k estimator does."""
+    for node in ast.walk(fn):
+        if not isinstance(node, ast.If) or not isinstance(node.test, ast.Compare):
+            continue
+        test = node.test
+        if len(test.ops) != 1 or not isinstance(test.comparators[0], ast.Constant):
+            continue
+        op, bound = test.ops[0], test.comparators[0].value
+        one = (isinstance(op, ast.Lt) and bound == 2) or (isinstance(op, ast.Eq | ast.LtE) and bound == 1)
+        if one and any(isinstance(stmt, ast.Raise) for stmt in node.body):
+            return True
+    return False
 
 
 def _branch_group(tree: ast.Module, enums: dict[str, dict[str, str]]) -> set[str]:
@@ -278,10 +294,7 @@ def _branch_group(tree: ast.Module, enums: dict[str, dict[str, str]]) -> set[str
     return found
 
 
-def read_group_estimators(root: Path) -> list[str]:
-    """Advantage estimators of the verl package under ``root`` that compare the responses to one prompt: their
-    function takes the group ``index`` (with one response per prompt there is no group; verl gives it the baseline 0)."""
-    found: set[str] = set()
+def _estimator_trees(root: Path) -> tuple[list[ast.Module], dict[str, dict[str, str]]]:
     trees = []
     enums: dict[str, dict[str, str]] = {}
     for home in ESTIMATOR_HOMES:
@@ -292,9 +305,32 @@ def read_group_estimators(root: Path) -> list[str]:
             continue
         trees.append(tree)
         enums.update(_enum_members(tree))
+    return trees, enums
+
+
+def read_group_estimators(root: Path) -> list[str]:
+    """Advantage estimators of the verl package under ``root`` that compare the responses to one prompt: their
+    function takes the group ``index`` (with one response per prompt there is no group; verl gives it the baseline 0)."""
+    found: set[str] = set()
+    trees, enums = _estimator_trees(root)
     for tree in trees:
-        found |= _registered_group(tree, enums) | _branch_group(tree, enums)
+        found |= set(_registered_group(tree, enums)) | _branch_group(tree, enums)
     return sorted(found)
+
+
+def read_group_of_one_raises(root: Path) -> list[str]:
+    """The group estimators of the verl package under ``root`` whose function raises on a group of one response."""
+    trees, enums = _estimator_trees(root)
+    return sorted(
+        name for tree in trees for name, fn in _registered_group(tree, enums).items() if _raises_on_one(fn)
+    )
+
+
+@verl_cache
+def group_of_one_raises() -> frozenset[str]:
+    """``read_group_of_one_raises`` of the verl in use (cached on disk per release)."""
+    root = verl_package_dir().parent
+    return frozenset(cached_fact("group_of_one_raises", lambda: read_group_of_one_raises(root)))
 
 
 @verl_cache

@@ -15,6 +15,7 @@ from verl_safe_launch.inputs import (
     engine_load_formats,
     engine_version,
     group_estimators,
+    group_of_one_raises,
     pinned_by,
     registered_names,
     verl_release,
@@ -87,7 +88,8 @@ GROUP_SIZE = f"{ARR}.rollout.n"
 def group_of_one(ctx: RuleContext) -> list[Draft]:
     """The estimators whose function takes the group ``index`` (read from the verl in use) compare the responses
     to one prompt; with ``rollout.n=1`` there is no group to compare. verl runs it (the advantage becomes the raw
-    reward or 0, by estimator), so this is a warning. A fork that carries the group size in
+    reward or 0, by estimator), so this is a warning; an estimator whose function raises on a group of one
+    (``grpo_passk``, read from the verl in use) stops the first step: an error. A fork that carries the group size in
     a key of its own (``rollout.n_agent``, ``agent_grpo.n``) is not judged on ``rollout.n``."""
     view = ctx.view
     estimator, n = view.get(ESTIMATOR), view.get(GROUP_SIZE)
@@ -95,6 +97,13 @@ def group_of_one(ctx: RuleContext) -> list[Draft]:
         return []
     if other_group_sizes(view):
         return []
+    if estimator in group_of_one_raises():
+        msg = (
+            f"{kv(view, ESTIMATOR)} compares the responses to one prompt with each other, and {kv(view, GROUP_SIZE)} "
+            f"gives each prompt one response: {verl_release().name}'s {estimator} raises on a group of one when it "
+            "computes the first step's advantages"
+        )
+        return [Draft((ESTIMATOR, GROUP_SIZE), msg, (KeyFix(GROUP_SIZE, (5,)),), severity=Severity.ERROR)]
     msg = (
         f"{kv(view, ESTIMATOR)} compares the responses to one prompt with each other, and {kv(view, GROUP_SIZE)} "
         f"gives each prompt one response: there is no group to compare, and {verl_release().name} runs it with "
