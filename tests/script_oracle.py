@@ -5,8 +5,9 @@ and what that copy's own validation says.
     .venv/bin/python tests/script_oracle.py --batch jobs.json --out results.json [--jobs 2]
     .venv/bin/python tests/script_oracle.py --derive tests/data/release_examples --releases DIR
 
-``--derive`` writes ``expected.json`` beside the examples of each release tag (``DIR/<version>`` holds that
-release's ``pip install --no-deps --target`` install: the ``releases`` fixture's directory).
+``--derive`` writes ``expected.json`` beside the examples of each case: a release tag (``DIR/<version>`` holds that
+release's ``pip install --no-deps --target`` install: the ``releases`` fixture's directory), a project tree with its
+vendored ``verl/``, or a snapshot whose copy is shipped in ``tests/data/verl_copies/<case>`` (``--only`` picks cases).
 
 COPY is a directory holding a ``verl/`` package (a ``pip --target`` release dir, a project's ``vendored/`` dir, or a
 main snapshot). ROOT is the directory the script is run from (a project's copied repo tree, or a release's copied
@@ -876,11 +877,32 @@ def probe(rule: str, cfg: Any) -> str | None:
 
 
 # ----------------------------------------------------------------------------------------------------- derivation
-def release_jobs(examples: Path, releases: Path) -> list[dict[str, Any]]:
-    """One batch item per shipped script: ``examples/<tag>/**.sh`` under ``releases/<version>``."""
+COPIES = HERE / "data" / "verl_copies"
+"""Copies of verl that are not on PyPI (a main snapshot), one directory each holding its ``verl/``."""
+
+
+def copy_for(tag_dir: Path, releases: Path | None) -> Path:
+    """The directory holding the ``verl/`` a case's scripts are judged with: the project's own vendored copy when
+    the case is a project tree (``verl/`` at its repository path), a shipped copy named like the case, else the
+    release ``releases/<version>``."""
+    if (tag_dir / "verl").is_dir():
+        return tag_dir
+    if (COPIES / tag_dir.name / "verl").is_dir():
+        return COPIES / tag_dir.name
+    if releases is None:
+        raise SystemExit(f"{tag_dir.name} is judged under a pip release: --derive needs --releases DIR")
+    return releases / tag_dir.name.removeprefix("v")
+
+
+def release_jobs(
+    examples: Path, releases: Path | None, only: list[str] | None = None
+) -> list[dict[str, Any]]:
+    """One batch item per shipped script: ``examples/<case>/**.sh`` under the case's verl (``copy_for``)."""
     items = []
     for tag_dir in sorted(p for p in examples.iterdir() if p.is_dir()):
-        copy = releases / tag_dir.name.removeprefix("v")
+        if only and tag_dir.name not in only:
+            continue
+        copy = copy_for(tag_dir, releases)
         for script in sorted(tag_dir.rglob("*.sh")):
             items.append(
                 {
@@ -905,11 +927,13 @@ def expected_entry(launch: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def derive(examples: Path, releases: Path, workers: int) -> None:
-    """Write ``<tag>/expected.json``: the oracle's verdict on every launch of every shipped script."""
-    results = batch(release_jobs(examples, releases), workers)
+def derive(examples: Path, releases: Path | None, workers: int, only: list[str] | None = None) -> None:
+    """Write ``<case>/expected.json``: the oracle's verdict on every launch of every shipped script."""
+    results = batch(release_jobs(examples, releases, only), workers)
     by_tag: dict[str, dict[str, Any]] = {}
+    copies: dict[str, str] = {}
     for rec in results:
+        copies[rec["tag"]] = rec["copy"]
         entries = [expected_entry(launch) for launch in rec["launches"]]
         for entry in entries:  # no path of this machine in the data
             for where, name in ((rec["copy"], "<release>"), (rec["root"], "<examples>")):
@@ -920,8 +944,9 @@ def derive(examples: Path, releases: Path, workers: int) -> None:
         }
     for tag, scripts in by_tag.items():
         out = {
-            "derived_by": "python tests/script_oracle.py --derive tests/data/release_examples --releases DIR",
-            "release": tag.removeprefix("v"),
+            "derived_by": "python tests/script_oracle.py --derive tests/data/release_examples "
+            + ("--releases DIR" if releases and Path(copies[tag]).parent == releases else f"--only {tag}"),
+            "release": (Path(copies[tag]) / "verl" / "version" / "version").read_text().strip(),
             "scripts": dict(sorted(scripts.items())),
         }
         (examples / tag / "expected.json").write_text(json.dumps(out, indent=1) + "\n")
@@ -942,15 +967,18 @@ def main() -> int:
     ap.add_argument(
         "--releases", type=Path, help="with --derive: a directory holding <version>/verl per release"
     )
+    ap.add_argument(
+        "--only",
+        nargs="+",
+        help="with --derive: only these cases (directory names under the --derive directory)",
+    )
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ns = ap.parse_args()
     if ns.worker:
         worker()
         return 0
     if ns.derive:
-        if ns.releases is None:
-            ap.error("--derive needs --releases DIR")
-        derive(ns.derive.resolve(), ns.releases.resolve(), ns.jobs)
+        derive(ns.derive.resolve(), ns.releases.resolve() if ns.releases else None, ns.jobs, ns.only)
         return 0
     if ns.batch:
         res = batch(json.loads(Path(ns.batch).read_text()), ns.jobs)

@@ -1,11 +1,16 @@
-"""Every example launch script of four verl releases, audited under that release, against what the release itself does.
+"""Every example launch script of four verl releases, audited under that release, against what the release itself does;
+and the same for three copies of verl that are not on PyPI: the verl 0.1 Search-R1 vendors, the verl 0.3 fork
+verl-agent vendors, and a snapshot of verl's main branch (0.10.0.dev).
 
-The data: tests/data/release_examples/<tag>/ holds the tag's scripts that run ``verl.trainer.main_ppo`` (byte for byte,
-at their repository paths, SOURCES.json says from where) and ``expected.json``: per script and launch, what real bash
-ran, that release's Hydra composed and that release's own validation said (``runs``, ``fails``, ``compose-error``,
-``not-ppo``, ``env-blocked``) and why. Remake it with
+The data: tests/data/release_examples/<case>/ holds the case's scripts that run ``verl.trainer.main_ppo`` (byte for
+byte, at their repository paths, SOURCES.json says from where) and ``expected.json``: per script and launch, what real
+bash ran, that verl's Hydra composed and that verl's own validation said (``runs``, ``fails``, ``compose-error``,
+``not-ppo``, ``env-blocked``) and why. A release tag (``v0.5.0``) is judged under that release from pip; a project
+(``project-Search-R1``) is its repository tree with the vendored copy at its path ``verl/`` beside the scripts, and the
+audit finds that copy by itself, as it does in the project's checkout; a snapshot (``main-0.10.0.dev``) is judged
+under the copy shipped in tests/data/verl_copies/<case>/. Remake it with
 
-    .venv/bin/python tests/script_oracle.py --derive tests/data/release_examples --releases DIR
+    .venv/bin/python tests/script_oracle.py --derive tests/data/release_examples --releases DIR [--only CASE ...]
 
 (DIR holds ``<version>/verl`` per release: the ``releases`` fixture's directory.) The verdicts are read from there;
 every launch the audit calls NO-GO is judged again live by the release (tests/script_oracle.py, one subprocess per
@@ -29,31 +34,52 @@ from audit_vs_oracle import FAILS, Compared, compare_script, oracle_launches
 from script_oracle import PROBES, batch
 
 from verl_safe_launch.backends import bringup_findings
-from verl_safe_launch.inputs import choose_verl
+from verl_safe_launch.inputs import choose_verl, project_verl
 from verl_safe_launch.preflight import Auditor
 
 pytestmark = pytest.mark.slow  # each release's Hydra and validation run in a subprocess
 
 EXAMPLES = Path(__file__).parent / "data" / "release_examples"
 TAGS = ("v0.5.0", "v0.6.1", "v0.7.1", "v0.8.0")
+COPIES = ("project-Search-R1", "project-verl-agent", "main-0.10.0.dev")
+"""Copies not on PyPI: two projects' vendored verl (found by the audit itself) and a main snapshot."""
 WORKER_STAGE = frozenset(PROBES)
 """Rules for checks verl makes only after its validation: in the workers or at the first training step."""
 
 
-def _audit(tag: str, copy: Path) -> tuple[list[tuple[str, Compared]], collections.Counter[str], list[str]]:
+def _copy(tag: str, request: pytest.FixtureRequest) -> tuple[Path, bool]:
+    """The directory holding the case's ``verl/``, and whether the audit is to find it by itself (a project)."""
+    if (EXAMPLES / tag / "verl").is_dir():
+        return EXAMPLES / tag, True
+    if tag in COPIES:
+        return Path(__file__).parent / "data" / "verl_copies" / tag, False
+    releases: Path = request.getfixturevalue("releases")
+    return releases / tag.removeprefix("v"), False
+
+
+def _audit(
+    tag: str, copy: Path, found_by_audit: bool
+) -> tuple[list[tuple[str, Compared]], collections.Counter[str], list[str]]:
     data = json.loads((EXAMPLES / tag / "expected.json").read_text())
     auditor = Auditor(job_findings=bringup_findings)
     compared: list[tuple[str, Compared]] = []
     counts: collections.Counter[str] = collections.Counter()
     problems: list[str] = []
-    choose_verl(copy, "--verl")
+    choose_verl(None if found_by_audit else copy, "--verl")
     try:
         for path, entry in data["scripts"].items():
             expected = oracle_launches(entry["launches"])
             if expected is None:
                 counts["not compared (no main_ppo launch, or env-blocked)"] += 1
                 continue
-            result = compare_script(auditor, EXAMPLES / tag / path, expected, path)
+            script = EXAMPLES / tag / path
+            if found_by_audit:  # the project's own copy, found beside or above the script as audit finds it
+                package = project_verl(script).path
+                if package.resolve() != (copy / "verl").resolve():
+                    problems.append(f"{path}: the audit reads the verl at {package}, not the project's copy")
+            result = compare_script(auditor, script, expected, path)
+            if found_by_audit and result.verl is not None and str(copy / "verl") not in result.verl:
+                problems.append(f"{path}: the audit's header names another verl: {result.verl}")
             if result.crash is not None:
                 problems.append(f"crash: {result.crash}")
             if result.count_mismatch:
@@ -90,10 +116,10 @@ def _live(tag: str, copy: Path, nogo: list[tuple[str, Compared]]) -> dict[str, d
     return out
 
 
-@pytest.mark.parametrize("tag", TAGS)
-def test_release_examples_audit_as_the_release_judges_them(tag: str, releases: Path) -> None:
-    copy = releases / tag.removeprefix("v")
-    compared, counts, problems = _audit(tag, copy)
+@pytest.mark.parametrize("tag", TAGS + COPIES)
+def test_release_examples_audit_as_the_release_judges_them(tag: str, request: pytest.FixtureRequest) -> None:
+    copy, found_by_audit = _copy(tag, request)
+    compared, counts, problems = _audit(tag, copy, found_by_audit)
     nogo = [(path, launch) for path, launch in compared if launch.verdict == "no-go"]
     live = _live(tag, copy, nogo)
     false_nogo, misses, confirmed = [], [], []

@@ -1,0 +1,1 @@
+# Copyright (c) 2026 BAAI. All rights reserved.
