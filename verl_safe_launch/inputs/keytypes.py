@@ -82,7 +82,9 @@ def verl_prefix(writes: Sequence[Write]) -> int:
 
 
 def verl_files(writes: Sequence[Write]) -> tuple[str | None, ...]:
-    """The verl YAML files a composition read, in order: they alone determine verl's defaults.
+    """The verl package in use and the YAML files a composition read from it, in order: they alone determine
+    verl's defaults. The files are shown relative to the package (``verl/trainer/config/...``), alike in every copy,
+    so the package comes first: two copies never share a key.
 
     Compositions that share their verl writes (the fast overlay) are recognised by identity, without a scan.
     """
@@ -93,7 +95,7 @@ def verl_files(writes: Sequence[Write]) -> tuple[str | None, ...]:
     seen = _SEEN.get((id(first), count))
     if seen is not None and seen[0] is first and seen[1] is last:
         return seen[2]
-    files = tuple(dict.fromkeys(w.source.file for w in writes[:count]))
+    files = (str(verl_package_dir()), *dict.fromkeys(w.source.file for w in writes[:count]))
     _SEEN[(id(first), count)] = (first, last, files)
     return files
 
