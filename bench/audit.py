@@ -3,9 +3,9 @@ composed on the way) and warm (the same scripts again).
 
     python bench/audit.py [FOLDER ...] [--limit N]
 
-Without folders: tests/data/scripts/corpus/ and, where it exists, the verl example scripts of a corpus folder
-(VSL_BENCH_CORPUS/v0.9.0, main-0.10.0.dev and v0.8.0; VSL_BENCH_CORPUS defaults to
-/work/research/corpus/releases-examples), the first 250 scripts that launch main_ppo.
+Without folders: tests/data/scripts/corpus/ and verl's own example scripts shipped for the tests
+(tests/data/release_examples/: main-0.10.0.dev, v0.8.0, v0.7.1; VSL_BENCH_CORPUS names another folder of such
+tags), the first 250 scripts that launch main_ppo. Each is audited against the installed verl.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from verl_safe_launch.preflight import Auditor, find_scripts
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT = [ROOT / "tests" / "data" / "scripts" / "corpus"]
-CORPUS = Path(os.environ.get("VSL_BENCH_CORPUS", "/work/research/corpus/releases-examples"))
+CORPUS = Path(os.environ.get("VSL_BENCH_CORPUS", ROOT / "tests" / "data" / "release_examples"))
 
 
 def main() -> int:
@@ -33,7 +33,7 @@ def main() -> int:
     args = parser.parse_args()
     folders = args.folders or [
         *DEFAULT,
-        *(CORPUS / t for t in ("v0.9.0", "main-0.10.0.dev", "v0.8.0") if (CORPUS / t).is_dir()),
+        *(CORPUS / t for t in ("main-0.10.0.dev", "v0.8.0", "v0.7.1") if (CORPUS / t).is_dir()),
     ]
     found = [f for f in find_scripts([str(f) for f in folders]) if f.skip is None]
     scripts = [f for f in found if "main_ppo" in Path(f.path).read_text(errors="replace")][: args.limit]
