@@ -344,11 +344,7 @@ def missing_required(ctx: AuditContext) -> list[Finding]:
         if not is_missing(value):
             continue
         gate = REQUIRED_WHEN.get(key)
-        if (
-            (gate is not None and not ctx.view.get(gate))
-            or _switched_off(ctx, key)
-            or _legacy_reward(ctx, key)
-        ):
+        if (gate is not None and not ctx.view.get(gate)) or _switched_off(ctx, key):
             continue
         message = (
             f"{key} has no value: {verl_release().name} leaves it mandatory ('???') and fails when it is read"
@@ -360,19 +356,23 @@ def missing_required(ctx: AuditContext) -> list[Finding]:
     return findings
 
 
-def _legacy_reward(ctx: AuditContext, key: str) -> bool:
-    """A reward model's rollout under ``use_reward_loop: false`` (releases that have the switch): the trainer
-    scores with the legacy reward-model worker, which never reads the rollout section."""
-    if not key.endswith("reward_model.rollout.name"):
-        return False
-    section = key.removesuffix(".rollout.name")
-    return ctx.view.get(f"{section}.use_reward_loop") is False
+OFF_SWITCHES = {"rollout": "use_reward_loop"}
+"""Sections a sibling switch turns off besides ``enable``: a reward model's ``rollout`` under ``use_reward_loop:
+false`` (releases that have the switch), where the legacy reward-model worker scores and never reads it."""
 
 
 def _switched_off(ctx: AuditContext, key: str) -> bool:
-    """True when a section above ``key`` has ``enable: false``: verl reads nothing below it."""
+    """True when a section above ``key`` has ``enable: false``, or a sibling switch (``OFF_SWITCHES``) that turns
+    it off is false: verl reads nothing below it."""
     parts = key.split(".")
-    return any(ctx.view.get(".".join([*parts[:cut], "enable"])) is False for cut in range(1, len(parts)))
+    for cut in range(1, len(parts)):
+        above = parts[:cut]
+        if ctx.view.get(".".join([*above, "enable"])) is False:
+            return True
+        switch = OFF_SWITCHES.get(above[-1])
+        if switch and ctx.view.get(".".join([*above[:-1], switch])) is False:
+            return True
+    return False
 
 
 @audit_rule("engine-mismatch", "a strategy that needs another model_engine than the one composed")

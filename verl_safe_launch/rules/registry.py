@@ -97,18 +97,18 @@ def group_of_one(ctx: RuleContext) -> list[Draft]:
         return []
     if other_group_sizes(view):
         return []
+    release = verl_release().name
+    said = (
+        f"{kv(view, ESTIMATOR)} compares the responses to one prompt with each other, and {kv(view, GROUP_SIZE)} "
+        "gives each prompt one response"
+    )
     if estimator in group_of_one_raises():
-        msg = (
-            f"{kv(view, ESTIMATOR)} compares the responses to one prompt with each other, and {kv(view, GROUP_SIZE)} "
-            f"gives each prompt one response: {verl_release().name}'s {estimator} raises on a group of one when it "
-            "computes the first step's advantages"
-        )
+        msg = f"{said}: {release}'s {estimator} raises on a group of one when it computes the first step's advantages"
         return [Draft((ESTIMATOR, GROUP_SIZE), msg, (KeyFix(GROUP_SIZE, (5,)),), severity=Severity.ERROR)]
     msg = (
-        f"{kv(view, ESTIMATOR)} compares the responses to one prompt with each other, and {kv(view, GROUP_SIZE)} "
-        f"gives each prompt one response: there is no group to compare, and {verl_release().name} runs it with "
-        f"the advantage set to the raw reward (a group of one gets the baseline 0: grpo, rloo) or to 0 (the "
-        f"baseline is the reward itself: rloo_vectorized), so the run is not the {estimator} its name says"
+        f"{said}: there is no group to compare, and {release} runs it with the advantage set to the raw reward (a "
+        "group of one gets the baseline 0: grpo, rloo) or to 0 (the baseline is the reward itself: rloo_vectorized), "
+        f"so the run is not the {estimator} its name says"
     )
     fixes = (KeyFix(GROUP_SIZE, (5,)), KeyFix(ESTIMATOR, ("gae",)))
     return [Draft((ESTIMATOR, GROUP_SIZE), msg, fixes)]
