@@ -76,7 +76,7 @@ def measure(entries: list[dict[str, Any]], which: str, probe: bool = False) -> d
                     tally["missed"].append(f"{launch.label} ({launch.verdict}): {launch.reason[:120]}")
             elif launch.verdict == "no-go":
                 rules = sorted({f.rule_id for f in errors})
-                if probe and set(rules) <= set(PROBES):
+                if probe and set(rules) <= set(PROBES):  # judged again with the copy's own code below
                     later.append((entry, launch))
                     continue
                 _false_nogo(tally, launch)
@@ -101,31 +101,14 @@ def _false_nogo(tally: dict[str, Any], launch: Any) -> None:
 def _probed(later: list[tuple[dict[str, Any], Any]]) -> list[str | None]:
     """For each launch, what the copy's own code says when every one of its errors is run there (None: it does
     not fail everywhere the audit says it does)."""
-    from script_oracle import batch
+    from audit_vs_oracle import judged_again, worker_confirmed
 
-    items = []
-    for entry, launch in later:
-        rules = sorted({f.rule_id for f in launch.errors})
-        items.append(
-            {
-                "path": entry["path"],
-                "script": entry["script"],
-                "copy": entry["copy"],
-                "root": entry.get("root"),
-                "probes": rules,
-            }
-        )
-    out: list[str | None] = []
-    for (_entry, launch), rec in zip(later, batch(items, 1), strict=True):
-        k = int(launch.label.rpartition("#")[2]) - 1
-        ppo = [one for one in rec["launches"] if one["main"] == MAIN]
-        now = ppo[k] if k < len(ppo) else {}
-        rules = {f.rule_id for f in launch.errors}
-        failing = {r: v for r, v in (now.get("probes") or {}).items() if v and not v.startswith("n/a")}
-        out.append(
-            next(iter(failing.values())) if now.get("summary") == "runs" and set(failing) == rules else None
-        )
-    return out
+    asked = [
+        ({k: entry.get(k) for k in ("path", "script", "copy", "root")}, launch) for entry, launch in later
+    ]
+    return [
+        worker_confirmed(now, launch) for (_, launch), now in zip(asked, judged_again(asked), strict=True)
+    ]
 
 
 def _suggestions(tally: dict[str, Any], findings: Any) -> None:

@@ -101,3 +101,33 @@ def under_oracle_env(auditor: Auditor, script: Path, k: int, item: Any) -> str |
     if again.error is not None or len(again.launches) <= k:
         return None
     return str(again.launches[k].verdict)
+
+
+def judged_again(launches: list[tuple[dict[str, Any], Compared]]) -> list[dict[str, Any]]:
+    """The oracle's verdict, judged again now, on each launch (``script``, ``copy``, ``root`` of its script
+    given beside it), one worker subprocess per copy; with that copy's worker-stage probes where the launch's
+    every error is a rule whose check verl makes only after its validation (tests/script_oracle.py ``PROBES``)."""
+    from script_oracle import PROBES, batch
+
+    items = []
+    for where, launch in launches:
+        rules = {f.rule_id for f in launch.errors}
+        probes = sorted(rules) if rules and rules <= set(PROBES) else []
+        items.append({**where, "probes": probes})
+    out = []
+    for (_, launch), rec in zip(launches, batch(items, 1), strict=True):
+        k = int(launch.label.rpartition("#")[2]) - 1
+        ppo = [one for one in rec["launches"] if one["main"] == MAIN]
+        out.append(ppo[k] if k < len(ppo) else {"summary": "harness-error", "error": "launch not found"})
+    return out
+
+
+def worker_confirmed(now: dict[str, Any], launch: Compared) -> str | None:
+    """What the copy's own code raised on a launch its validation accepts, when it fails for every rule the audit
+    erred on (None: some error of the audit has no failure in the copy's code behind it)."""
+    rules = {f.rule_id for f in launch.errors}
+    probes = now.get("probes") or {}
+    failing = {r: v for r, v in probes.items() if v is not None and not v.startswith("n/a")}
+    if now.get("summary") == "runs" and rules and set(failing) == rules:
+        return str(next(iter(failing.values())))
+    return None

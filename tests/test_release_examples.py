@@ -30,8 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from audit_vs_oracle import FAILS, Compared, compare_script, oracle_launches
-from script_oracle import PROBES, batch
+from audit_vs_oracle import FAILS, Compared, compare_script, judged_again, oracle_launches, worker_confirmed
 
 from verl_safe_launch.backends import bringup_findings
 from verl_safe_launch.inputs import choose_verl, project_verl
@@ -43,8 +42,6 @@ EXAMPLES = Path(__file__).parent / "data" / "release_examples"
 TAGS = ("v0.5.0", "v0.6.1", "v0.7.1", "v0.8.0")
 COPIES = ("project-Search-R1", "project-verl-agent", "main-0.10.0.dev")
 """Copies not on PyPI: two projects' vendored verl (found by the audit itself) and a main snapshot."""
-WORKER_STAGE = frozenset(PROBES)
-"""Rules for checks verl makes only after its validation: in the workers or at the first training step."""
 
 
 def _copy(tag: str, request: pytest.FixtureRequest) -> tuple[Path, bool]:
@@ -93,27 +90,9 @@ def _audit(
 def _live(tag: str, copy: Path, nogo: list[tuple[str, Compared]]) -> dict[str, dict[str, Any]]:
     """The release's verdict, judged again now, on every launch called NO-GO; worker-stage probes where the
     launch's every error is a worker-stage rule."""
-    items = []
-    for path, launch in nogo:
-        rules = {f.rule_id for f in launch.errors}
-        probes = sorted(rules) if rules and rules <= WORKER_STAGE else []
-        items.append(
-            {
-                "path": path,
-                "script": str(EXAMPLES / tag / path),
-                "copy": str(copy),
-                "root": str(EXAMPLES / tag),
-            }
-            | {"probes": probes}
-        )
-    out = {}
-    for (_, launch), rec in zip(nogo, batch(items, 1), strict=True):
-        k = int(launch.label.rpartition("#")[2]) - 1
-        ppo = [one for one in rec["launches"] if one["main"] == "verl.trainer.main_ppo"]
-        out[launch.label] = (
-            ppo[k] if k < len(ppo) else {"summary": "harness-error", "error": "launch not found"}
-        )
-    return out
+    where = {"copy": str(copy), "root": str(EXAMPLES / tag)}
+    asked = [({**where, "path": path, "script": str(EXAMPLES / tag / path)}, launch) for path, launch in nogo]
+    return {launch.label: now for (_, launch), now in zip(asked, judged_again(asked), strict=True)}
 
 
 @pytest.mark.parametrize("tag", TAGS + COPIES)
@@ -136,13 +115,14 @@ def test_release_examples_audit_as_the_release_judges_them(tag: str, request: py
                 )
             continue
         rules = sorted({f.rule_id for f in launch.errors})
-        probes = now.get("probes") or {}
-        failing = {r: v for r, v in probes.items() if v is not None and not v.startswith("n/a")}
-        if now["summary"] == "runs" and rules and set(failing) == set(rules):
-            confirmed.append(f"{launch.label}: {rules} {next(iter(failing.values()))[:160]}")
+        failure = worker_confirmed(now, launch)
+        if failure is not None:
+            confirmed.append(f"{launch.label}: {rules} {failure[:160]}")
         else:
             first = launch.errors[0].message[:160] if launch.errors else ""
-            false_nogo.append(f"{launch.label}: {rules} {first} (release's probes: {probes})")
+            false_nogo.append(
+                f"{launch.label}: {rules} {first} (release's probes: {now.get('probes') or {}})"
+            )
     errors = sum(len(launch.errors) for _, launch in compared)
     right = sum(len(launch.errors) for _, launch in compared if launch.refused)
     refused = [launch for _, launch in compared if launch.refused]
