@@ -6,6 +6,11 @@ alone, without its project's verl, to measure release detection.
     .venv/bin/python bench/upgrade_projects.py                 # upgrade and judge, in this process
     .venv/bin/python bench/upgrade_projects.py --only Search-R1
 
+The shares behind detection's era settings (``ERAS`` in verl_safe_launch/audit/detect.py), counted again over the
+example scripts of verl's tags (a folder per tag holding its examples/ and recipe/ scripts):
+
+    .venv/bin/python bench/upgrade_projects.py --eras TAGS_DIR
+
 To measure another version of the tool with the same judges, let it upgrade and this one judge:
 
     PYTHONPATH=OLD_TREE .venv/bin/python bench/upgrade_projects.py --upgrades-only runs.json --keep DIR
@@ -19,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 import tempfile
@@ -83,6 +89,23 @@ def _row(judged: Judged, lone: dict[str, object]) -> str:
     )
 
 
+def _eras(tags: Path) -> None:
+    """Per tag: how many of its example scripts export each era setting."""
+    from verl_safe_launch.audit.detect import ERAS
+
+    def order(tag: Path) -> tuple[int, ...]:
+        return tuple(int(p) for p in re.findall(r"\d+", tag.name))
+
+    for era in ERAS:
+        setting = re.compile(rf"\b{era.name}=[\"']?{era.value}\b")
+        print(f"{era.name}={era.value} (read as verl {era.last} or older):")
+        for tag in sorted((t for t in tags.iterdir() if t.is_dir()), key=order):
+            scripts = sorted(tag.rglob("*.sh"))
+            found = sum(bool(setting.search(s.read_text(errors="replace"))) for s in scripts)
+            share = f"{100 * found / len(scripts):4.1f}%" if scripts else "  -"
+            print(f"  {tag.name:24} {found:3} of {len(scripts):3} scripts  {share}")
+
+
 def main() -> int:
     """Upgrade, judge, print."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -100,7 +123,13 @@ def main() -> int:
         action="store_true",
         help="take the in-place run as the lone one (for a tool that does not read the project's verl)",
     )
+    parser.add_argument(
+        "--eras", metavar="TAGS_DIR", help="count the era settings in each tag's example scripts"
+    )
     ns = parser.parse_args()
+    if ns.eras:
+        _eras(Path(ns.eras))
+        return 0
     scripts = [s for s in corpus_scripts() if not ns.only or ns.only in s.name]
     with tempfile.TemporaryDirectory(prefix="vsl-bench-") as tmp:
         if ns.judge:

@@ -75,9 +75,15 @@ def test_a_copy_gives_the_release_it_is_closest_to(project: str) -> None:
     assert within_one(series, script.truth), (series, script.truth)
 
 
+def _lone_path(path: Path, installed: dict[str, object]) -> Detection:
+    """What detection reads from a script with nothing beside it: its overrides and what it exports."""
+    launch = read_script(path)[0]
+    exports = [(e.name, e.value) for e in launch.exports]
+    return detect(evidence_of([t.text for t in launch.tokens], frozenset(), exports), installed)
+
+
 def _lone(script: CorpusScript, installed: dict[str, object]) -> Detection:
-    tokens = [t.text for t in read_script(script.path)[0].tokens]
-    return detect(evidence_of(tokens), installed)
+    return _lone_path(script.path, installed)
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +97,8 @@ def test_a_lone_script_is_detected_within_one_release_or_asked_with_the_right_re
     installed: dict[str, object],
 ) -> None:
     """Without its project's verl, a script is never upgraded from a wrong release: it is detected within one
-    minor release of the truth, or refused with ``--from`` choices that include the truth."""
+    minor release of the truth, or refused with ``--from`` choices that include the truth; at least 85% are
+    detected."""
     detected = asked = 0
     for script in SCRIPTS:
         found = _lone(script, installed)
@@ -101,16 +108,60 @@ def test_a_lone_script_is_detected_within_one_release_or_asked_with_the_right_re
         else:
             detected += 1
             assert within_one(found.series, script.truth), (script.name, found.why)
-    assert detected >= len(SCRIPTS) // 2, (detected, asked)
+    assert detected >= 0.85 * len(SCRIPTS), (detected, asked)
 
 
-def test_keys_a_project_copied_from_a_later_verl_do_not_date_its_launch(installed: dict[str, object]) -> None:
+LATER_FORK = Path(__file__).parent / "data" / "lone_scripts" / "verl-tool"
+
+
+def test_a_later_forks_lone_scripts_are_detected_within_one_release_or_asked(
+    installed: dict[str, object], tmp_path: Path
+) -> None:
+    """Scripts the detection rules were not made on: verl-tool's own launches that compose and validate on its
+    vendored verl, which matches upstream verl closest to 0.6.0 (SOURCE.json). Their keys are mostly keys verl 0.4
+    already had, so taking the oldest release that fits read them as 0.4. Each is now detected within one release
+    of 0.6 or refused with 0.6 offered, and most are detected. They launch ``verl_tool.trainer.main_ppo``, which
+    composes verl's ppo_trainer with verl-tool's own keys; the copy read here names verl's main instead."""
+    source = json.loads((LATER_FORK / "SOURCE.json").read_text())
+    truth = ".".join(source["verl"]["closest_release"].split(".")[:2])
+    detected = asked = 0
+    for name in source["scripts"]:
+        text = (LATER_FORK / name).read_text()
+        assert "verl_tool.trainer.main_ppo" in text, name
+        lone = tmp_path / name.replace("/", "_")
+        lone.write_text(text.replace("verl_tool.trainer.main_ppo", "verl.trainer.main_ppo"))
+        found = _lone_path(lone, installed)
+        if found.weak:
+            asked += 1
+            assert truth in found.asked(), (name, found.why)
+        else:
+            detected += 1
+            assert within_one(found.series, truth), (name, found.why)
+    assert detected >= 0.75 * len(source["scripts"]), (detected, asked)
+
+
+def _without_era(path: Path, tmp_path: Path) -> Path:
+    """The script with its ``export VLLM_ATTENTION_BACKEND=...`` line taken out."""
+    out = tmp_path / path.name
+    out.write_text(
+        "".join(line for line in path.read_text().splitlines(True) if "VLLM_ATTENTION_BACKEND" not in line)
+    )
+    return out
+
+
+def test_keys_a_project_copied_from_a_later_verl_do_not_date_its_launch(
+    installed: dict[str, object], tmp_path: Path
+) -> None:
     """verl-agent's DAPO launch sets algorithm.filter_groups.*, which upstream verl has only from 0.9: they are
-    named as fork keys, and 0.9 is not offered."""
+    named as fork keys, and 0.9 is not among the releases that fit. Its VLLM_ATTENTION_BACKEND=XFORMERS then
+    dates it to 0.4 or older."""
     script = next(s for s in SCRIPTS if s.name == "verl-agent/examples/dapo_trainer/run_alfworld.sh")
     found = _lone(script, installed)
     assert found.oldest == "0.4" and "0.9" not in found.asked()
     assert "algorithm.filter_groups.enable" in found.fork_keys
+    assert found.series == "0.4" and not found.weak and "XFORMERS dates it to verl 0.4" in found.why
+    without = _lone_path(_without_era(script.path, tmp_path), installed)
+    assert without.weak and without.oldest == "0.4" and "0.9" not in without.asked(), without.why
 
 
 @pytest.mark.slow  # upgrade judges its advice with verl's validate_config
@@ -137,9 +188,10 @@ def test_a_forks_default_estimator_survives_the_upgrade_and_check_flags_it_witho
 def test_a_pin_in_the_project_gives_the_release_its_keys_leave_open(
     cli: Callable[..., CliResult], tmp_path: Path
 ) -> None:
-    """verl-agent's submit-gpu.sh alone fits verl 0.4 to 0.9 alike, and upgrade asks for --from; in a project whose
-    pyproject.toml pins verl==0.4.1 (and that vendors no copy), the pin gives the release."""
-    script = PROJECTS / "verl-agent" / "submit-gpu.sh"
+    """verl-agent's gigpo run_search.sh alone fits verl 0.4 to 0.9 alike (and exports no setting of an engine's era),
+    and upgrade asks for --from; in a project whose pyproject.toml pins verl==0.4.1 (and that vendors no copy), the
+    pin gives the release."""
+    script = PROJECTS / "verl-agent" / "examples" / "gigpo_trainer" / "run_search.sh"
     project = tmp_path / "project"
     project.mkdir()
     (project / script.name).write_text(script.read_text())

@@ -5,6 +5,9 @@ A key upstream added later is weak evidence against an older release: projects v
 newer keys into it (``trainer.val_before_train``, ``clip_ratio_low``, ``filter_groups``), so such a key is named as
 the project's (a fork key) rather than taken to date the launch. A key upstream had removed, a ``+key`` on a key the
 release has (Hydra refuses it) and a mandatory key left unset are strong evidence.
+
+The keys give a range of releases. Where it is wide, a setting of the engine's era the script exports (``ERAS``)
+narrows it; where it spans three releases, the middle one is read, within one release of each.
 """
 
 from __future__ import annotations
@@ -29,6 +32,30 @@ them, whichever is more."""
 FORK_GAP = 2
 """A key counts as a fork key of a release only when upstream added it at least this many series later: a key of
 the very next release dates the launch instead."""
+
+
+@dataclass(frozen=True)
+class Era:
+    """An exported setting verl's own example scripts carried up to a release and dropped after it: a launch that
+    still exports it was written for that release or an older one."""
+
+    name: str
+    value: str
+    last: str
+    why: str
+
+
+ERAS: tuple[Era, ...] = (
+    Era(
+        "VLLM_ATTENTION_BACKEND",
+        "XFORMERS",
+        "0.4",
+        "the vLLM attention backend verl's examples exported up to 0.4 (20-42% of their scripts from 0.2 to 0.4.1, "
+        "3 of 124 in 0.5.0, at most 2.5% in later releases)",
+    ),
+)
+"""Settings of an engine's era. The shares are counted over the example scripts of each verl tag (v0.2 to
+v0.9.0); ``bench/upgrade_projects.py --eras TAGS_DIR`` counts them again from the tags' examples."""
 
 
 @dataclass(frozen=True)
@@ -63,6 +90,8 @@ class Evidence:
     """Keys appended with a single ``+``: Hydra refuses that for a key the release already has."""
     maybe_set: frozenset[str] = frozenset()
     """Keys an unread part of the launch could set."""
+    exports: tuple[tuple[str, str], ...] = ()
+    """Variables the script exports before the launch (name, value): settings of an engine's era (``ERAS``)."""
 
 
 def _keys_of(series: str, installed: Mapping[str, object]) -> Mapping[str, object]:
@@ -117,9 +146,12 @@ def detect(evidence: Evidence, installed: Mapping[str, object]) -> Detection:
     """The release a launch was written for.
 
     A release is acceptable when nothing in the launch contradicts it (no strong conflict) and at most a handful
-    of its keys came to upstream later (fork keys: ``HANDFUL``). The oldest acceptable release is chosen, so that
-    no move or default change since is missed. Weak (the caller asks for ``--from``) when the acceptable releases
-    span more than ``MAX_SPAN`` steps or are not adjacent, or when none is acceptable.
+    of its keys came to upstream later (fork keys: ``HANDFUL``). An era setting the launch exports (``ERAS``)
+    drops the acceptable releases after its era. Of two adjacent releases the older is chosen, so that no move or
+    default change since is missed; of three, the middle one, which is within one release of each (forks taken
+    from verl 0.6 use only keys verl 0.4 had, so their keys fit 0.4 to 0.6, and older forks fit 0.4 to 0.6 too).
+    Weak (the caller asks for ``--from``) when the acceptable releases span more than ``MAX_SPAN`` steps or are
+    not adjacent, or when none is acceptable.
     """
     ordered = sorted(RELEASES, key=_order)
     lifetimes: dict[str, list[str]] = {}
@@ -143,12 +175,33 @@ def detect(evidence: Evidence, installed: Mapping[str, object]) -> Detection:
         worst = sorted(conflicts[least], key=lambda c: -c.cost)[0].text
         why = f"no release has all its {len(used)} verl keys and accepts all its overrides (e.g. {worst})"
         return Detection(least, least, least, True, why)
+    era = _era(evidence, acceptable)
+    if era is not None:
+        acceptable = [s for s in acceptable if _order(s) <= _order(era.last)]
     oldest, newest = acceptable[0], acceptable[-1]
     span = ordered.index(newest) - ordered.index(oldest)
     weak = span > MAX_SPAN or acceptable != ordered[ordered.index(oldest) : ordered.index(newest) + 1]
-    fork = tuple(c.fork_key for c in conflicts[oldest] if c.fork_key)
-    why = _why(oldest, newest, conflicts[oldest], len(used))
-    return Detection(oldest, oldest, newest, weak, why, fork, tuple(acceptable))
+    series = acceptable[len(acceptable) // 2] if span == MAX_SPAN else oldest
+    fork = tuple(c.fork_key for c in conflicts[series] if c.fork_key)
+    why = _why(oldest, newest, conflicts[series], len(used))
+    if era is not None:
+        why += f"; {era.name}={era.value} dates it to verl {era.last} or older ({era.why})"
+    if not weak and series != oldest:
+        why += f"; read as {series}, within one release of each"
+    return Detection(series, oldest, newest, weak, why, fork, tuple(acceptable))
+
+
+def _era(evidence: Evidence, acceptable: Sequence[str]) -> Era | None:
+    """The era setting the launch exports that narrows its acceptable releases (None: none applies)."""
+    exported = {name: value for name, value in evidence.exports}
+    for era in ERAS:
+        if exported.get(era.name, "").strip().upper() != era.value:
+            continue
+        if any(_order(s) > _order(era.last) for s in acceptable) and _order(acceptable[0]) <= _order(
+            era.last
+        ):
+            return era
+    return None
 
 
 def _why(oldest: str, newest: str, conflicts: Sequence[_Conflict], count: int) -> str:
@@ -165,8 +218,13 @@ def fits_text(found: Detection) -> str:
     return found.oldest if found.oldest == found.newest else f"{found.oldest} to {found.newest}"
 
 
-def evidence_of(texts: Sequence[str], maybe_set: frozenset[str] = frozenset()) -> Evidence:
-    """Read override texts (``key=value``, ``+key=value``, ``++key=value``, ``~key``) as detection evidence."""
+def evidence_of(
+    texts: Sequence[str],
+    maybe_set: frozenset[str] = frozenset(),
+    exports: Sequence[tuple[str, str]] = (),
+) -> Evidence:
+    """Read override texts (``key=value``, ``+key=value``, ``++key=value``, ``~key``) and the variables the script
+    exports as detection evidence."""
     keys: list[str] = []
     appended: list[str] = []
     for text in texts:
@@ -178,4 +236,4 @@ def evidence_of(texts: Sequence[str], maybe_set: frozenset[str] = frozenset()) -
             appended.append(key)
         else:
             keys.append(key)
-    return Evidence(tuple(keys), tuple(appended), maybe_set)
+    return Evidence(tuple(keys), tuple(appended), maybe_set, tuple(exports))

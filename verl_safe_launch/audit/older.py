@@ -34,7 +34,11 @@ OLDER = "was written for"
 
 
 def group_older_keys(
-    findings: Sequence[Finding], texts: Sequence[str], release: VerlRelease, script: str
+    findings: Sequence[Finding],
+    texts: Sequence[str],
+    release: VerlRelease,
+    script: str,
+    exports: Sequence[tuple[str, str]] = (),
 ) -> list[Finding]:
     """The findings, with the keys ``release`` refuses grouped under one headline when the launch fits another
     verl better (unchanged otherwise); a key that is a typo of one ``release`` has keeps its own finding."""
@@ -42,7 +46,7 @@ def group_older_keys(
     refused = [f for f in findings if _refused_key(f) and not _typo(f, release) and not set(f.keys) & engines]
     if not refused:
         return list(findings)
-    fits = _fits(texts, release, [k for f in refused for k in f.keys])
+    fits = _fits(texts, release, [k for f in refused for k in f.keys], exports)
     if fits is None:
         return list(findings)
     headline = _headline(refused, *fits, release, script)
@@ -78,12 +82,12 @@ def _typo(finding: Finding, release: VerlRelease) -> bool:
 
 
 def _fits(
-    texts: Sequence[str], release: VerlRelease, refused: Sequence[str]
+    texts: Sequence[str], release: VerlRelease, refused: Sequence[str], exports: Sequence[tuple[str, str]]
 ) -> tuple[str, str | None] | None:
     """What the launch fits better than ``release`` (``verl 0.3 to 0.4``, or a fork: two keys or more that no
     release has) and the release to install for it; None when it fits ``release`` itself."""
     older = [k for k in refused if last_release_with(k) is not None]
-    found = detect(evidence_of(texts), {k: None for k in release.config_keys})
+    found = detect(evidence_of(texts, frozenset(), exports), {k: None for k in release.config_keys})
     mine = _series(release.version)
     lo, hi = version_tuple(found.oldest), version_tuple(found.newest)
     if older and not found.why.startswith("no key") and not (mine and lo <= version_tuple(mine) <= hi):

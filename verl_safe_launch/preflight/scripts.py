@@ -205,7 +205,8 @@ class Auditor:
         everywhere = _Everywhere(self.overlay, launch, passthrough)
         qualified = qualify(findings, launch, everywhere)
         texts = [t.text for t in launch.request(passthrough).overrides]
-        qualified = group_older_keys(qualified, texts, verl_release(), launch.path)
+        exports = [(e.name, e.value) for e in launch.exports]
+        qualified = group_older_keys(qualified, texts, verl_release(), launch.path, exports)
         parts = deciding_parts(launch, qualified, read)
         return LaunchAudit(
             launch, tuple(qualified), len(parts), self._settle(launch, parts) if parts else None

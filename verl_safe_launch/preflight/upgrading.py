@@ -104,7 +104,8 @@ def old_run_of(wanted: str, path: Path, launch: ScriptLaunch, installed: Mapping
         if series in RELEASES:
             return OldRun(release_defaults(series, found.how), found.how, (series, series))
     maybe = frozenset(s for p in Unread.of(launch).parts for s in (p.supplies or ()))
-    detection = detect(evidence_of([t.text for t in launch.tokens], maybe), installed)
+    exports = [(e.name, e.value) for e in launch.exports]
+    detection = detect(evidence_of([t.text for t in launch.tokens], maybe, exports), installed)
     if detection.weak:
         asked = detection.asked()
         raise UsageError(
@@ -113,7 +114,9 @@ def old_run_of(wanted: str, path: Path, launch: ScriptLaunch, installed: Mapping
             fix=f"pass the release it was written for: --from {{{','.join(asked)}}}",
         )
     oldest = (
-        "" if detection.oldest == detection.newest else "; upgraded from the oldest, so no change is missed"
+        "; upgraded from the oldest, so no change is missed"
+        if detection.series == detection.oldest != detection.newest
+        else ""
     )
     detected = f"detected: {detection.why}{oldest}"
     old = release_defaults(detection.series, detected)
