@@ -70,11 +70,7 @@ def test_expansions_are_parts_with_their_quoting() -> None:
     ]
     default = word.parts[3].default
     assert default is not None
-    assert [(p.kind, p.text) for p in default] == [
-        (PartKind.LIT, "def"),
-        (PartKind.LIT, " "),
-        (PartKind.LIT, "x"),
-    ]
+    assert [(p.kind, p.text) for p in default] == [(PartKind.LIT, "def x")]  # one word inside double quotes
 
 
 def test_operators_lines_and_raw_text() -> None:
