@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import CliResult, make_tiny_model
@@ -203,3 +204,32 @@ def test_a_pin_in_the_project_gives_the_release_its_keys_leave_open(
     data = json.loads(result.out)
     assert data["source_release"] == "0.4"
     assert "pins verl==0.4.1" in json.dumps(data)
+
+
+@pytest.mark.slow  # upgrade judges its advice with verl's validate_config
+def test_a_script_read_within_a_range_lists_what_each_release_of_it_would_change(
+    cli: Callable[..., CliResult], tmp_path: Path
+) -> None:
+    """verl-tool's search_r1 train_3b.sh alone fits verl 0.4 to 0.6 and is read as 0.5. Whatever release of the
+    three it ran on, every behaviour change that release's own upgrade (``--from``) lists is in the report: as a
+    ``default`` line, or as a ``range`` line naming that release."""
+    name = "examples/train/search_r1/train_3b.sh"
+    script = tmp_path / "train_3b.sh"
+    script.write_text(
+        (LATER_FORK / name).read_text().replace("verl_tool.trainer.main_ppo", "verl.trainer.main_ppo")
+    )
+
+    def changes(*extra: str) -> list[dict[str, Any]]:
+        result = cli(
+            "upgrade", str(script), "-o", str(tmp_path / "out"), "--force", "--format", "json", *extra
+        )
+        assert result.code == 0, result.err
+        data = json.loads(result.out)
+        return [c for c in data["changes"] if c["kind"] in ("default", "range")]
+
+    lone = changes()
+    assert {c["kind"] for c in lone} == {"default", "range"}
+    for release in ("0.4", "0.5", "0.6"):
+        wanted = {c["key"] for c in changes("--from", release) if c["kind"] == "default"}
+        listed = {c["key"] for c in lone if c["kind"] == "default" or f"verl {release} too" in c["detail"]}
+        assert wanted and wanted <= listed, (release, wanted - listed)

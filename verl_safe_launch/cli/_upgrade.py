@@ -55,6 +55,7 @@ ORDER = (
     "unknown",
     "unresolved",
     "default",
+    "range",
 )
 
 

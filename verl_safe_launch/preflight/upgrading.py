@@ -155,7 +155,31 @@ def upgrade_launch(path: Path, launch: ScriptLaunch, wanted: str, gpus: int | No
     before = old_run(old, launch.tokens)
     behaviour = behaviour_changes(before, composed.view, source, covered, installed)
     lines += verify_advice(upgraded, composed, behaviour)
+    listed = {*covered, *(k for c in behaviour for k in (c.key, c.new_key) if k)}
+    lines += _in_range(run, launch, composed, listed, installed)
     return UpgradeReport(source, run.detected, run.fits, upgraded, composed, tuple(lines))
+
+
+def _in_range(
+    run: OldRun, launch: ScriptLaunch, composed: Composed, covered: set[str], installed: Mapping[str, object]
+) -> list[Change]:
+    """When a lone launch was read as one of several releases its keys fit, what else changes had it run on each
+    of the others: one line per value that release had and the upgraded run changes, not already listed."""
+    ordered = sorted(RELEASES, key=lambda s: tuple(int(p) for p in s.split(".")))
+    oldest, newest = (ordered.index(s) for s in run.fits)
+    lines: list[Change] = []
+    for other in ordered[oldest : newest + 1]:
+        if other == run.defaults.series:
+            continue
+        before = old_run(release_defaults(other, f"if written for verl {other}"), launch.tokens)
+        for c in behaviour_changes(before, composed.view, other, covered, installed):
+            covered.update(k for k in (c.key, c.new_key) if k)
+            detail = (
+                f"the launch's keys fit verl {other} too; had it run on verl {other}: {c.detail}; --from {other} "
+                "lists it with the override that keeps it"
+            )
+            lines.append(Change("range", c.key, detail, c.line, c.new_key))
+    return lines
 
 
 def _kept(
