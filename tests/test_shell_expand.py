@@ -64,7 +64,11 @@ CASES = [
     ("P=actor_rollout_ref.actor", "${P}.ppo_micro_batch_size_per_gpu=4 $P.x='a b'"),
     # Inside double quotes, single quotes in a default are characters (verl-tool's action_stop_tokens list).
     ("X=\"${X:-['</tool_call>']}\"", 'k=${X} "k=$X"'),
-    ("", '"${U:-\'a b\'}" "${U:-"q"}" "${U:-x\\\'y}" "${U:-$\'t\'}" "${U:-a  <b> | c;d}"'),
+    (
+        "",
+        '"${U:-\'a b\'}" "${U:-"q"}" "${U:-x\\\'y}" "${U:-$\'t\'}" "${U:-a  <b> | c;d}"',
+    ),  # Unquoted, bash splits only the default's unquoted parts.
+    ("", "${U:-'a b'} x${U:-\"c  d\"e f}y ${EMPTY:-'p q'}"),
 ]
 
 

@@ -111,15 +111,22 @@ class Expander:
             if part.kind is PartKind.LIT:
                 splitter.literal(part.text, part.quoted)
                 continue
-            text, why = self._part(part, word)
+            found = None if part.quoted else self._default_pieces(part, word)
+            if found is None:
+                text, why = self._part(part, word)
+                pieces = [(text, part.quoted)]
+            else:
+                pieces, why = found
+                text = "".join(t for t, _ in pieces)
             length += len(text)
             if why is None and length > MAX_VALUE_CHARS:
                 why = _too_long(word)
             problem = problem or why
-            if part.quoted:
-                splitter.literal(text, True)
-            else:
-                splitter.split(text)
+            for piece, quoted in pieces:
+                if quoted:
+                    splitter.literal(piece, True)
+                else:
+                    splitter.split(piece)
         machine = self.machine
         return [
             Field(
@@ -223,6 +230,32 @@ class Expander:
             self.machine = name
             return f"${name}", None
         return OPAQUE, _outside(name)
+
+    def _default_pieces(self, part: Part, word: Word) -> tuple[list[tuple[str, bool]], str | None] | None:
+        """An unquoted ``${NAME:-word}`` whose default is used: the default's pieces with their own quoting (bash
+        splits only its unquoted parts: ``${U:-'a b'}`` is one field) and why one is unknown; None when the default
+        is not used."""
+        if part.kind is not PartKind.VAR or part.default is None or part.alt:
+            return None
+        value = self.env.get(part.text)
+        used = value is None or (
+            isinstance(value, Scalar) and value.text == "" and not part.unset_only and not value.tail
+        )
+        if not used or isinstance(value, Unknown | ArrayValue):
+            return None
+        pieces: list[tuple[str, bool]] = []
+        problem: str | None = None
+        for sub in part.default:
+            text, why = (sub.text, None) if sub.kind is PartKind.LIT else self._part(sub, word)
+            problem = problem or why
+            pieces.append((text, sub.quoted))
+        joined = "".join(t for t, _ in pieces)
+        if len(joined) > MAX_VALUE_CHARS:
+            return None
+        if value is None and problem is None:
+            detail = f"{part.text} is not set in the script, so its default '{joined}' is used"
+            self.notes.append(Note(word.line, word.raw, detail))
+        return pieces, problem
 
     def _alternative(self, part: Part, value: Value | None, word: Word) -> tuple[str, str | None]:
         """``${NAME:+word}``: the word when NAME is set and not empty, else nothing."""
