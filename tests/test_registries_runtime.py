@@ -176,6 +176,36 @@ def test_a_fork_key_carrying_the_group_size_keeps_the_group_rule_quiet(cli: Call
     assert "verl-group-estimator-n" not in rules[0] and "verl-group-estimator-n" in rules[1]
 
 
+def test_distillation_without_task_rewards_reads_no_advantage_so_the_group_rule_stays_quiet(
+    cli: Callable[..., CliResult],
+) -> None:
+    """verl's own on-policy distillation examples run GRPO with one response per prompt and
+    ``use_task_rewards=False``. The premise, read in verl's source: under that switch the policy loss, the only
+    reader of the advantages, is set to 0. With task rewards on, the group rule speaks again."""
+    import ast
+
+    import verl.trainer.distillation.losses as losses
+
+    tree = ast.parse(Path(losses.__file__).read_text())
+    zeroed = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If)
+        and ast.unparse(node.test) == "not distillation_loss_config.use_task_rewards"
+        and any(ast.unparse(stmt) == "policy_loss = 0.0" for stmt in node.body)
+    ]
+    assert zeroed, "verl no longer zeroes the policy loss without task rewards: the rule's premise is gone"
+    group = ("algorithm.adv_estimator=grpo", f"{ARR}.rollout.n=1", "distillation.enabled=true")
+    quiet = cli(
+        "check", *BASE, *group, "distillation.distillation_loss.use_task_rewards=false", "--format", "json"
+    )
+    loud = cli(
+        "check", *BASE, *group, "distillation.distillation_loss.use_task_rewards=true", "--format", "json"
+    )
+    rules = [{f["rule_id"] for f in json.loads(r.out)["findings"]} for r in (quiet, loud)]
+    assert "verl-group-estimator-n" not in rules[0] and "verl-group-estimator-n" in rules[1]
+
+
 @pytest.mark.parametrize(
     "overrides",
     [

@@ -90,7 +90,8 @@ def group_of_one(ctx: RuleContext) -> list[Draft]:
     to one prompt; with ``rollout.n=1`` there is no group to compare. verl runs it (the advantage becomes the raw
     reward or 0, by estimator), so this is a warning; an estimator whose function raises on a group of one
     (``grpo_passk``, read from the verl in use) stops the first step: an error. A fork that carries the group size in
-    a key of its own (``rollout.n_agent``, ``agent_grpo.n``) is not judged on ``rollout.n``."""
+    a key of its own (``rollout.n_agent``, ``agent_grpo.n``) is not judged on ``rollout.n``, nor is on-policy
+    distillation without task rewards, whose loss does not read the advantages (``distillation_only``)."""
     view = ctx.view
     estimator, n = view.get(ESTIMATOR), view.get(GROUP_SIZE)
     if not isinstance(estimator, str) or estimator not in group_estimators() or n != 1:
@@ -105,6 +106,8 @@ def group_of_one(ctx: RuleContext) -> list[Draft]:
     if estimator in group_of_one_raises():
         msg = f"{said}: {release}'s {estimator} raises on a group of one when it computes the first step's advantages"
         return [Draft((ESTIMATOR, GROUP_SIZE), msg, (KeyFix(GROUP_SIZE, (5,)),), severity=Severity.ERROR)]
+    if distillation_only(view):
+        return []
     msg = (
         f"{said}: there is no group to compare, and {release} runs it with the advantage set to the raw reward (a "
         "group of one gets the baseline 0: grpo, rloo) or to 0 (the baseline is the reward itself: rloo_vectorized), "
@@ -112,6 +115,18 @@ def group_of_one(ctx: RuleContext) -> list[Draft]:
     )
     fixes = (KeyFix(GROUP_SIZE, (5,)), KeyFix(ESTIMATOR, ("gae",)))
     return [Draft((ESTIMATOR, GROUP_SIZE), msg, fixes)]
+
+
+DISTILLATION = "distillation.enabled"
+TASK_REWARDS = "distillation.distillation_loss.use_task_rewards"
+
+
+def distillation_only(view: ConfigView) -> bool:
+    """On-policy distillation without task rewards: verl (0.8.0 on) sets the policy loss, the only reader of the
+    estimator's advantages, to 0 and trains on the distillation loss alone (``trainer/distillation/losses.py``:
+    ``if not use_task_rewards: policy_loss = 0.0``), so the group size does not matter; verl's own distillation
+    examples run GRPO with one response per prompt."""
+    return view.get(DISTILLATION) is True and view.get(TASK_REWARDS) is False
 
 
 GROUP_LEAF = re.compile(r"n|n_(agent|samples?|repeats?|responses?|rollouts?|generations?)")
