@@ -206,6 +206,36 @@ def test_distillation_without_task_rewards_reads_no_advantage_so_the_group_rule_
     assert "verl-group-estimator-n" not in rules[0] and "verl-group-estimator-n" in rules[1]
 
 
+def test_a_run_that_only_validates_computes_no_advantage_so_the_group_rule_stays_quiet(
+    cli: Callable[..., CliResult],
+) -> None:
+    """The premise, read in verl's trainer: ``fit`` returns after the validation before training when
+    ``trainer.val_only`` is set. Without that validation (``val_before_train=false``) it trains, and the rule
+    speaks, as an error for grpo_passk."""
+    import ast
+
+    tree = ast.parse((_installed_root() / "verl" / "trainer" / "ppo" / "ray_trainer.py").read_text())
+    returns = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If)
+        and "val_before_train" in ast.unparse(node.test)
+        and any(
+            isinstance(inner, ast.If)
+            and "val_only" in ast.unparse(inner.test)
+            and any(isinstance(stmt, ast.Return) for stmt in inner.body)
+            for inner in node.body
+        )
+    ]
+    assert returns, "verl's fit no longer returns after validating when val_only is set"
+    group = ("algorithm.adv_estimator=grpo_passk", f"{ARR}.rollout.n=1", "trainer.val_only=true")
+    quiet = cli("check", *BASE, *group, "--format", "json")
+    loud = cli("check", *BASE, *group, "trainer.val_before_train=false", "--format", "json")
+    rules = [{f["rule_id"] for f in json.loads(r.out)["findings"]} for r in (quiet, loud)]
+    assert "verl-group-estimator-n" not in rules[0] and "verl-group-estimator-n" in rules[1]
+    assert loud.code == 1
+
+
 @pytest.mark.parametrize(
     "overrides",
     [

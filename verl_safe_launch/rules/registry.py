@@ -90,13 +90,14 @@ def group_of_one(ctx: RuleContext) -> list[Draft]:
     to one prompt; with ``rollout.n=1`` there is no group to compare. verl runs it (the advantage becomes the raw
     reward or 0, by estimator), so this is a warning; an estimator whose function raises on a group of one
     (``grpo_passk``, read from the verl in use) stops the first step: an error. A fork that carries the group size in
-    a key of its own (``rollout.n_agent``, ``agent_grpo.n``) is not judged on ``rollout.n``, nor is on-policy
-    distillation without task rewards, whose loss does not read the advantages (``distillation_only``)."""
+    a key of its own (``rollout.n_agent``, ``agent_grpo.n``) is not judged on ``rollout.n``, nor is a run that only
+    validates (``validation_only``) or on-policy distillation without task rewards, whose loss does not read the
+    advantages (``distillation_only``)."""
     view = ctx.view
     estimator, n = view.get(ESTIMATOR), view.get(GROUP_SIZE)
     if not isinstance(estimator, str) or estimator not in group_estimators() or n != 1:
         return []
-    if other_group_sizes(view):
+    if other_group_sizes(view) or validation_only(view):
         return []
     release = verl_release().name
     said = (
@@ -115,6 +116,12 @@ def group_of_one(ctx: RuleContext) -> list[Draft]:
     )
     fixes = (KeyFix(GROUP_SIZE, (5,)), KeyFix(ESTIMATOR, ("gae",)))
     return [Draft((ESTIMATOR, GROUP_SIZE), msg, fixes)]
+
+
+def validation_only(view: ConfigView) -> bool:
+    """``trainer.val_only`` with the validation before training on (its default): verl's ``fit`` validates and
+    returns before its first training step, so no advantage is ever computed."""
+    return view.get("trainer.val_only") is True and view.get("trainer.val_before_train") is not False
 
 
 DISTILLATION = "distillation.enabled"
