@@ -22,7 +22,8 @@ def as_in_double_quotes(text: str) -> str:
             out.append(text[i : i + 2] if nxt in DQ_ESCAPES else "\\\\" + ("\\" if nxt == "'" else "") + nxt)
             i += 2
         elif c == "$" and text.startswith("$'", i):
-            end = _closing_single(text, i + 2)
+            end = closing_quote(text, i + 1, "'")
+            end = end if end >= 0 else len(text) - 1
             out.append(text[i : end + 1])
             i = end + 1
         elif c == '"' or text.startswith("${", i):
@@ -35,36 +36,36 @@ def as_in_double_quotes(text: str) -> str:
     return "".join(out)
 
 
-def _closing_single(text: str, i: int) -> int:
-    """The index of the quote that closes a ``$'...'`` whose body starts at ``i`` (the end when none does)."""
+def closing_quote(text: str, start: int, quote: str = '"') -> int:
+    """The index of the ``quote`` that closes the one at ``start`` (a backslash escapes the next character); -1
+    when none does."""
+    i = start + 1
     while i < len(text):
         if text[i] == "\\":
             i += 2
             continue
-        if text[i] == "'":
+        if text[i] == quote:
             return i
         i += 1
-    return len(text) - 1
+    return -1
 
 
 def _closing(text: str, i: int) -> int:
     """The index that closes the double quote or ``${`` at ``i`` (the end when nothing does)."""
-    closer, depth, j = ('"', 0, i + 1) if text[i] == '"' else ("}", 1, i + 2)
+    if text[i] == '"':
+        end = closing_quote(text, i)
+        return end if end >= 0 else len(text) - 1
+    depth, j = 1, i + 2
     while j < len(text):
-        c = text[j]
-        if c == "\\":
+        if text[j] == "\\":
             j += 2
-            continue
-        if closer == '"' and c == '"':
-            return j
-        if closer == "}":
-            if text.startswith("${", j):
-                depth += 1
-                j += 2
-                continue
-            if c == "}":
+        elif text.startswith("${", j):
+            depth += 1
+            j += 2
+        else:
+            if text[j] == "}":
                 depth -= 1
                 if depth == 0:
                     return j
-        j += 1
+            j += 1
     return len(text) - 1

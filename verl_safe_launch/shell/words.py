@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from verl_safe_launch.shell.ansi_c import ansi_c
-from verl_safe_launch.shell.dquoted import as_in_double_quotes
+from verl_safe_launch.shell.dquoted import as_in_double_quotes, closing_quote
 from verl_safe_launch.shell.subst import (
     MAX_NESTING,
     NestedTooDeep,
@@ -405,7 +405,7 @@ def _matching(text: str, start: int, open_ch: str, close_ch: str) -> int:
             i = end + 1
             continue
         if ch == '"':
-            end = _closing_double_quote(text, i)
+            end = closing_quote(text, i)
             if end < 0:
                 return -1
             i = end + 1
@@ -416,18 +416,6 @@ def _matching(text: str, start: int, open_ch: str, close_ch: str) -> int:
             depth -= 1
             if depth == 0:
                 return i
-        i += 1
-    return -1
-
-
-def _closing_double_quote(text: str, start: int) -> int:
-    i = start + 1
-    while i < len(text):
-        if text[i] == "\\":
-            i += 2
-            continue
-        if text[i] == '"':
-            return i
         i += 1
     return -1
 
