@@ -111,13 +111,12 @@ class Expander:
             if part.kind is PartKind.LIT:
                 splitter.literal(part.text, part.quoted)
                 continue
-            found = None if part.quoted else self._default_pieces(part, word)
-            if found is None:
-                text, why = self._part(part, word)
-                pieces = [(text, part.quoted)]
+            if part.kind is PartKind.VAR:
+                pieces, why = self._lookup_pieces(part, word)
             else:
-                pieces, why = found
-                text = "".join(t for t, _ in pieces)
+                found, why = self._part(part, word)
+                pieces = [(found, part.quoted)]
+            text = "".join(t for t, _ in pieces)
             length += len(text)
             if why is None and length > MAX_VALUE_CHARS:
                 why = _too_long(word)
@@ -200,76 +199,65 @@ class Expander:
             return OPAQUE, f"the array ${{{part.text}[@]}} inside a longer word (line {word.line})"
         if part.kind is PartKind.ARITH:
             return arithmetic(part.text, self.env, word.line)
-        return self._lookup(part, word)
+        pieces, why = self._lookup_pieces(part, word)
+        return "".join(t for t, _ in pieces), why
 
-    def _lookup(self, part: Part, word: Word) -> tuple[str, str | None]:
+    def _lookup_pieces(self, part: Part, word: Word) -> tuple[list[tuple[str, bool]], str | None]:
+        """A variable's value as pieces with their quoting (a default's own quotes keep bash from splitting that
+        piece: ``${U:-'a b'}`` is one field) and why it is unknown."""
         name = part.text
         value = self.env.get(name)
+
+        def whole(text: str, why: str | None = None) -> tuple[list[tuple[str, bool]], str | None]:
+            return [(text, part.quoted)], why
+
         if isinstance(value, Unknown):
-            return OPAQUE, value.reason
+            return whole(OPAQUE, value.reason)
         if isinstance(value, ArrayValue):
             first = value.items[0] if value.items else Field("", word.line, word.raw)
-            return first.text, first.problem or first.maybe
+            return whole(first.text, first.problem or first.maybe)
         if part.alt and part.default is not None:
             return self._alternative(part, value, word)
         if isinstance(value, Scalar) and value.tail:
-            return OPAQUE, value.tail_why
+            return whole(OPAQUE, value.tail_why)
         if isinstance(value, Scalar) and not (
             part.default is not None and value.text == "" and not part.unset_only
         ):
-            return value.text, value.problem
+            return whole(value.text, value.problem)
         if part.default is not None:
-            text, problem = self._join(part.default, word)
+            pieces, problem = self._pieces(part.default, word)
             if problem is None and value is None:
+                text = "".join(t for t, _ in pieces)
                 detail = f"{name} is not set in the script, so its default '{text}' is used"
                 self.notes.append(Note(word.line, word.raw, detail))
-            return text, problem
+            return pieces, problem
         if value is not None:
-            return "", None
+            return whole("")
         if name in MACHINE:
             self.machine = name
-            return f"${name}", None
-        return OPAQUE, _outside(name)
+            return whole(f"${name}")
+        return whole(OPAQUE, _outside(name))
 
-    def _default_pieces(self, part: Part, word: Word) -> tuple[list[tuple[str, bool]], str | None] | None:
-        """An unquoted ``${NAME:-word}`` whose default is used: the default's pieces with their own quoting (bash
-        splits only its unquoted parts: ``${U:-'a b'}`` is one field) and why one is unknown; None when the default
-        is not used."""
-        if part.kind is not PartKind.VAR or part.default is None or part.alt:
-            return None
-        value = self.env.get(part.text)
-        used = value is None or (
-            isinstance(value, Scalar) and value.text == "" and not part.unset_only and not value.tail
-        )
-        if not used or isinstance(value, Unknown | ArrayValue):
-            return None
-        pieces: list[tuple[str, bool]] = []
-        problem: str | None = None
-        for sub in part.default:
-            text, why = (sub.text, None) if sub.kind is PartKind.LIT else self._part(sub, word)
-            problem = problem or why
-            pieces.append((text, sub.quoted))
-        joined = "".join(t for t, _ in pieces)
-        if len(joined) > MAX_VALUE_CHARS:
-            return None
-        if value is None and problem is None:
-            detail = f"{part.text} is not set in the script, so its default '{joined}' is used"
-            self.notes.append(Note(word.line, word.raw, detail))
-        return pieces, problem
-
-    def _alternative(self, part: Part, value: Value | None, word: Word) -> tuple[str, str | None]:
+    def _alternative(
+        self, part: Part, value: Value | None, word: Word
+    ) -> tuple[list[tuple[str, bool]], str | None]:
         """``${NAME:+word}``: the word when NAME is set and not empty, else nothing."""
         assert part.default is not None
         if isinstance(value, Scalar):
             if value.problem is not None:
-                return OPAQUE, value.problem
-            return self._join(part.default, word) if value.text else ("", None)
+                return [(OPAQUE, part.quoted)], value.problem
+            return self._pieces(part.default, word) if value.text else ([("", part.quoted)], None)
         detail = f"{part.text} is not set in the script, so ${{{part.text}:+...}} is empty"
         self.notes.append(Note(word.line, word.raw, detail))
-        return "", None
+        return [("", part.quoted)], None
 
     def _join(self, parts: tuple[Part, ...], word: Word) -> tuple[str, str | None]:
-        out: list[str] = []
+        pieces, problem = self._pieces(parts, word)
+        return "".join(t for t, _ in pieces), problem
+
+    def _pieces(self, parts: tuple[Part, ...], word: Word) -> tuple[list[tuple[str, bool]], str | None]:
+        """Each part expanded, with its quoting; one unknown piece past ``MAX_VALUE_CHARS``."""
+        out: list[tuple[str, bool]] = []
         problem: str | None = None
         length = 0
         for part in parts:
@@ -280,9 +268,9 @@ class Expander:
                 problem = problem or why
             length += len(text)
             if length > MAX_VALUE_CHARS:
-                return OPAQUE, _too_long(word)
-            out.append(text)
-        return "".join(out), problem
+                return [(OPAQUE, True)], _too_long(word)
+            out.append((text, part.quoted))
+        return out, problem
 
 
 _ARITH_NAME = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$?([A-Za-z_][A-Za-z0-9_]*)")
