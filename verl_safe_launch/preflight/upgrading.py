@@ -40,7 +40,7 @@ from verl_safe_launch.audit import (
 from verl_safe_launch.compose import Composed, compose
 from verl_safe_launch.config_view import format_value
 from verl_safe_launch.errors import UsageError
-from verl_safe_launch.inputs import OverrideToken, own_verl, read_version
+from verl_safe_launch.inputs import OverrideToken, own_verl, read_version, version_tuple
 from verl_safe_launch.preflight.advice import verify_advice
 from verl_safe_launch.shell import ScriptLaunch, override_key
 
@@ -165,7 +165,7 @@ def _in_range(
 ) -> list[Change]:
     """When a lone launch was read as one of several releases its keys fit, what else changes had it run on each
     of the others: one line per value that release had and the upgraded run changes, not already listed."""
-    ordered = sorted(RELEASES, key=lambda s: tuple(int(p) for p in s.split(".")))
+    ordered = sorted(RELEASES, key=version_tuple)
     oldest, newest = (ordered.index(s) for s in run.fits)
     lines: list[Change] = []
     for other in ordered[oldest : newest + 1]:
